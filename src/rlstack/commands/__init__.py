@@ -1,0 +1,1 @@
+"""Subcommands of the `rlstack` CLI, one module per feature."""

@@ -1,0 +1,54 @@
+"""`rlstack stacks` and `rlstack lock`: the foundation commands, host side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlstack import lock, stacks
+from rlstack.errors import StaleLockError
+from rlstack.stack_table import HEADERS, stack_row
+from rlstack.table import text_table
+
+
+def cmd_stacks(args: argparse.Namespace) -> int:
+    chosen = [stacks.load_stack(n) for n in stacks.resolve_names(args.stack)]
+    if args.json:
+        print(json.dumps([dict(zip(HEADERS, stack_row(s), strict=True)) for s in chosen], indent=2))
+    else:
+        print(text_table(HEADERS, [stack_row(s) for s in chosen]))
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    names = stacks.resolve_names(args.stack)
+    if args.check:
+        stale = []
+        for name in names:
+            try:
+                lock.check(stacks.load_stack(name))
+                print(f"lock ok: {name}")
+            except StaleLockError as exc:
+                print(f"lock STALE: {exc}", file=sys.stderr)
+                stale.append(name)
+        if stale:
+            print(f"{len(stale)} stale lock(s): {', '.join(stale)}", file=sys.stderr)
+            return StaleLockError.exit_code
+        return 0
+    for name in names:
+        path = lock.write_lock(stacks.load_stack(name))
+        print(f"wrote {path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stacks", help="list the stacks and their key versions")
+    p.add_argument("--stack", help="one stack or a comma-separated list (default: all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_stacks)
+
+    p = sub.add_parser("lock", help="resolve stacks into hash-locked requirements.lock files")
+    p.add_argument("--stack", help="one stack or a comma-separated list (default: all)")
+    p.add_argument("--check", action="store_true", help="fail when a lock is stale; resolve nothing")
+    p.set_defaults(func=cmd_lock)

@@ -1,0 +1,42 @@
+"""One error type for every failure a user can fix, so the CLI and invoke print it the same way.
+
+Every error carries a `hint`: what to do next. Tracebacks are for our bugs, not for a user's typo.
+"""
+
+from __future__ import annotations
+
+
+class RlstackError(Exception):
+    """A failure the user can act on. `exit_code` lets scripts tell kinds of failure apart."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  -> {self.hint}"
+        return self.message
+
+
+class UnknownStackError(RlstackError):
+    pass
+
+
+class StackFileError(RlstackError):
+    pass
+
+
+class LockError(RlstackError):
+    exit_code = 3
+
+
+class StaleLockError(LockError):
+    exit_code = 4
+
+
+class DockerError(RlstackError):
+    exit_code = 5
