@@ -56,6 +56,21 @@ def lock(c: Context, stack: str = "", check: bool = False) -> int:
     return _cli("lock", *(["--stack", stack] if stack else []), "--check" if check else "")
 
 
+@task(help={"check": "fail when a generated README section is out of date instead of rewriting it"})
+@friendly
+def docs(c: Context, check: bool = False) -> int:
+    """Regenerate the README sections that are derived from data (the stacks table)."""
+    from rlstack import docs as docs_mod
+
+    if check:
+        stale = docs_mod.stale_sections()
+        if stale:
+            raise Exit(f"README sections out of date: {', '.join(stale)}; run: invoke docs", code=1)
+        return 0
+    print(f"wrote {docs_mod.render_readme()}")
+    return 0
+
+
 # --- images and containers (issue: images) ----------------------------------------------------------
 
 # --- payload: training and evaluation (issue: payload) ----------------------------------------------
@@ -64,16 +79,54 @@ def lock(c: Context, stack: str = "", check: bool = False) -> int:
 
 # --- CI (issue: CI) ---------------------------------------------------------------------------------
 
+
+@task(name="ci-matrix",
+      help={"kind": "images | gpu-probes | canary | all", "stack": "restrict to these stacks (comma-separated)",
+            "github_output": "also append matrix=JSON to this file ($GITHUB_OUTPUT in a workflow)"})
+@friendly
+def ci_matrix(c: Context, kind: str = "all", stack: str = "", github_output: str = "") -> int:
+    """Print the CI matrix JSON the workflows consume (computed from the stack files only)."""
+    return _cli("ci-matrix", "--kind", kind, *(["--stack", stack] if stack else []),
+                *(["--github-output", github_output] if github_output else []))
+
+@task(name="ci-free-disk", help={"force": "run even outside GitHub Actions (deletes system folders)"})
+@friendly
+def ci_free_disk(c: Context, force: bool = False) -> None:
+    """Free disk on a hosted GitHub runner before a CUDA image build."""
+    from rlstack.ci_tools import free_disk
+
+    free_disk(force=force)
+
+
 # --- benchmarks (issue: GPU performance) ------------------------------------------------------------
 
 # --- development ------------------------------------------------------------------------------------
 
 
-@task(help={"docker": "also run the Docker tests (needs a Docker engine)", "k": "pytest -k expression",
-            "gpu": "also run the GPU tests (needs CUDA)"})
+@task(help={"no_docker": "skip the Docker tests (they also skip by themselves when no engine answers)",
+            "gpu": "also run the GPU tests (needs CUDA)", "k": "pytest -k expression",
+            "fast": "skip the slow tests (training, network)"})
 @friendly
-def test(c: Context, docker: bool = False, gpu: bool = False, k: str = "") -> int:
-    """Run lint and the test suite (unit tests; --docker adds the image tests)."""
+def test(c: Context, no_docker: bool = False, gpu: bool = False, k: str = "", fast: bool = False) -> int:
+    """Lint, then the test suite: unit, slow (CPU training) and Docker tests; --gpu adds the GPU tests."""
     from rlstack.devtools import run_tests
 
-    return run_tests(docker=docker, gpu=gpu, keyword=k)
+    return run_tests(docker=not no_docker, gpu=gpu, keyword=k, fast=fast)
+
+
+@task
+@friendly
+def lint(c: Context) -> int:
+    """ruff over src, tests, bench and tasks.py."""
+    from rlstack.devtools import lint as run_lint
+
+    return run_lint()
+
+
+@task
+@friendly
+def typecheck(c: Context) -> int:
+    """mypy over src/rlstack."""
+    from rlstack.devtools import typecheck as run_mypy
+
+    return run_mypy()

@@ -54,6 +54,7 @@ class Stack(_Strict):
     cuda_toolkit: ToolkitSpec | None = None
     key_packages: list[str] = Field(default_factory=list, description="versions shown in tables and labels")
     max_image_gb: float = Field(gt=0, description="CI fails an image larger than this")
+    ci_canary: bool = Field(False, description="its first GPU probe job runs alone before the rest")
 
     # Not part of the file; set by the loader.
     folder: Path = Field(default=Path("."), exclude=True)

@@ -52,3 +52,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stack", help="one stack or a comma-separated list (default: all)")
     p.add_argument("--check", action="store_true", help="fail when a lock is stale; resolve nothing")
     p.set_defaults(func=cmd_lock)
+    register_ci(sub)
+
+
+def cmd_ci_matrix(args: argparse.Namespace) -> int:
+    from rlstack import ci_matrix
+
+    names = stacks.resolve_names(args.stack) if args.stack else None
+    text = ci_matrix.matrix_json(args.kind, names)
+    print(text)
+    if args.github_output:
+        with open(args.github_output, "a") as fh:
+            fh.write(f"{args.output_name}={text}\n")
+    return 0
+
+
+def register_ci(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ci-matrix", help="print the CI matrix JSON that the workflows consume")
+    p.add_argument("--kind", default="all", help="images | gpu-probes | canary | all")
+    p.add_argument("--stack", help="restrict to these stacks (comma-separated)")
+    p.add_argument("--github-output", help="also append NAME=JSON to this file (GitHub's $GITHUB_OUTPUT)")
+    p.add_argument("--output-name", default="matrix", help="the NAME written with --github-output")
+    p.set_defaults(func=cmd_ci_matrix)
