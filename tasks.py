@@ -100,6 +100,32 @@ def ci_free_disk(c: Context, force: bool = False) -> None:
 
 # --- benchmarks (issue: GPU performance) ------------------------------------------------------------
 
+
+_BENCH_SCRIPTS = {"rollout": "bench/rollout_generation.py", "grpo": "bench/grpo_step.py",
+                  "eval": "bench/eval_throughput.py"}
+
+
+@task(help={"only": "comma-separated subset of: rollout, grpo, eval (default: all)",
+            "smoke": "tiny model on the CPU to check the scripts (results go to /tmp, not bench/results)",
+            "args": "extra arguments passed to every script, e.g. '--completion 64'"})
+@friendly
+def bench(c: Context, only: str = "", smoke: bool = False, args: str = "") -> int:
+    """Run the GPU benchmarks (rollout tokens/s, GRPO step, eval throughput); each writes bench/results/*.json+md."""
+    import os
+    import shlex
+
+    from rlstack.runner import run
+
+    names = [n for n in (only.split(",") if only else _BENCH_SCRIPTS) if n]
+    unknown = sorted(set(names) - set(_BENCH_SCRIPTS))
+    if unknown:
+        raise Exit(f"rlstack: error: unknown benchmark(s) {unknown}; choose from {sorted(_BENCH_SCRIPTS)}", code=2)
+    env = {"RLSTACK_BENCH_SMOKE": "1" if smoke else os.environ.get("RLSTACK_BENCH_SMOKE", "0")}
+    rc = 0
+    for name in names:
+        rc = rc or run([sys.executable, _BENCH_SCRIPTS[name], *shlex.split(args)], env=env, check=False).returncode
+    return rc
+
 # --- development ------------------------------------------------------------------------------------
 
 
