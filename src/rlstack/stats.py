@@ -24,7 +24,10 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At k = 0 or k = n a bound is exactly 0 or 1; float rounding would otherwise leave 0.9999999999999999.
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def mcnemar_exact(b: int, c: int) -> float:
