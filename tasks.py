@@ -75,6 +75,54 @@ def docs(c: Context, check: bool = False) -> int:
 
 # --- payload: training and evaluation (issue: payload) ----------------------------------------------
 
+
+@task(help={"base": "results.json of the base model (from rlstack eval)",
+            "tuned": "results.json of the tuned adapter, on the same questions",
+            "json": "machine-readable output", "iters": "bootstrap resamples (default 10000)"})
+@friendly
+def compare(c: Context, base: str, tuned: str, json: bool = False, iters: int = 10_000) -> int:
+    """Paired base-vs-tuned comparison: delta, exact McNemar p-value, bootstrap CI, per-question flips."""
+    return _cli("compare", base, tuned, "--iters", str(iters), "--json" if json else "")
+
+
+@task(help={"root": "adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
+            "verify": "also check every file against its manifest sha256", "json": "machine-readable output"})
+@friendly
+def adapters(c: Context, root: str = "", verify: bool = False, json: bool = False) -> int:
+    """List trained adapters with base model, stack, lock hash and final reward."""
+    return _cli("adapters", *(["--root", root] if root else []), "--verify" if verify else "",
+                "--json" if json else "")
+
+
+@task(help={"no_lock_check": "skip checking that images/cpu/requirements.lock is current",
+            "steps": "override the smoke recipe's grpo.max_steps", "name": "adapter name (default: smoke-cpu-<time>)"})
+@friendly
+def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "") -> int:
+    """The main job on a fresh machine without a GPU: lock check, tiny GRPO run on 2 CPU cores, eval of it."""
+    import time as _time
+    from datetime import UTC, datetime
+
+    if not no_lock_check:
+        from rlstack import lock, stacks
+
+        lock.check(stacks.load_stack("cpu"))
+        print("smoke: images/cpu/requirements.lock is current", file=sys.stderr)
+    name = name or f"smoke-cpu-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    t0 = _time.perf_counter()
+    rc = _cli("train", "--recipe", "recipes/smoke-cpu.toml", "--adapter-name", name,
+              *(["--max-steps", str(steps)] if steps else []))
+    if rc:
+        return rc
+    t1 = _time.perf_counter()
+    from rlstack.evaluate.gsm8k import default_runs_dir
+
+    out = default_runs_dir() / "eval" / name
+    rc = _cli("eval", "--adapter", name, "--output", str(out))
+    print(f"smoke: train {t1 - t0:.0f}s, eval {_time.perf_counter() - t1:.0f}s; adapter {name} "
+          f"(invoke adapters), eval results {out / 'results.json'}", file=sys.stderr)
+    return rc
+
+
 # --- probes and the compat matrix (issue: probes) ---------------------------------------------------
 
 # --- CI (issue: CI) ---------------------------------------------------------------------------------

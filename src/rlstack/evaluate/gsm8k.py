@@ -165,10 +165,14 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
     return texts, lengths, {"load_s": load_s, "generate_s": gen_s}, "vllm"
 
 
+def default_runs_dir() -> Path:
+    return Path(os.environ.get("RLSTACK_RUNS", "runs"))
+
+
 def default_output(cfg: EvalConfig, base_id: str) -> Path:
     label = Path(cfg.adapter).name if cfg.adapter else base_id.replace("/", "_")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return Path(os.environ.get("RLSTACK_RUNS", "runs")) / "eval" / f"{label}-{cfg.backend}-{stamp}"
+    return default_runs_dir() / "eval" / f"{label}-{cfg.backend}-{stamp}"
 
 
 def run(cfg: EvalConfig) -> dict[str, Any]:
