@@ -227,7 +227,7 @@ def header() -> dict[str, Any]:
 
 
 def write_results(name: str, data: dict[str, Any], table: list[dict[str, Any]], columns: Sequence[str],
-                  notes: str = "") -> Path:
+                  notes: str = "", quiet: bool = False) -> Path:
     """Write bench/results/<name>.json and .md (and copies under $OUT when set, for the device tool); print the
     table last so it ends the run's output."""
     results = RESULTS if not SMOKE else Path("/tmp/rlstack-bench-smoke")
@@ -248,7 +248,8 @@ def write_results(name: str, data: dict[str, Any], table: list[dict[str, Any]], 
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.json").write_text(js)
         (d / f"{name}.md").write_text(text)
-    print(text, flush=True)
+    if not quiet:
+        print(text, flush=True)
     return results / f"{name}.json"
 
 

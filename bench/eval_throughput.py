@@ -44,9 +44,13 @@ def local_hf_loop(model: Any, tok: Any, prompts: list[str], batch_size: int, max
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=64)
-    ap.add_argument("--batches", default="16,64")
-    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--batches", default="", help="batch sizes (default: the recipe's eval batch_size and 64)")
+    ap.add_argument("--max-new", type=int, default=0, help="default: the recipe's eval max_new_tokens")
     args = ap.parse_args(argv)
+    from rollout_generation import recipe_shape
+
+    shape = recipe_shape()
+    args.max_new = args.max_new or shape["eval_max_new_tokens"]
     data: dict[str, Any] = {**common.header(), "questions": args.questions, "max_new_tokens": args.max_new}
     data["ceilings"] = ceil = common.measure_ceilings()
     tok = common.build_tokenizer()
@@ -62,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         ev_hf = None
     data["implementation"] = impl
     rows: list[dict[str, Any]] = []
-    for bs in [int(b) for b in args.batches.split(",") if b]:
+    batches = args.batches or f"{shape['eval_batch_size']},64"
+    data["shape"] = shape
+    for bs in [int(b) for b in batches.split(",") if b]:
         for name, fast in (("hf_generate", False), ("fastgen", True)):
             try:
                 run = (lambda p, bs=bs, fast=fast: ev_hf.hf_generate(model, tok, p, bs, args.max_new)) \

@@ -99,6 +99,7 @@ def make_trainer(model: Any, tok: Any, shape: dict[str, Any], T: int, steps: int
         max_completion_length=T, max_prompt_length=shape["max_prompt_length"], max_steps=steps, logging_steps=1,
         report_to=[], save_strategy="no", learning_rate=5e-6, seed=seed, bf16=common.DEVICE == "cuda",
         use_cpu=common.DEVICE != "cuda", generation_kwargs={"min_new_tokens": T}, disable_tqdm=True,
+        gradient_checkpointing=shape["gradient_checkpointing"],
         dataloader_num_workers=0)
     lora = LoraConfig(r=shape["lora_r"], lora_alpha=shape["lora_alpha"], lora_dropout=0.0, target_modules="all-linear",
                       task_type="CAUSAL_LM")
@@ -199,6 +200,7 @@ def run_mode(mode: str, path: str, tok: Any, shape: dict[str, Any], T: int, step
             trainer.train()
             rows.append(summarize(name, mode, st, common.peak_gib()))
             print(rows[-1], flush=True)
+            common.write_results("grpo_step", {"partial": True, "loss_check": checks}, rows, ["variant"], quiet=True)
             del trainer
         except Exception as exc:
             traceback.print_exc()

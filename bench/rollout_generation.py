@@ -26,34 +26,29 @@ RECIPE = common.ROOT / "recipes" / "gsm8k-grpo.toml"
 
 
 def recipe_shape() -> dict[str, Any]:
-    """per_device_train_batch_size / num_generations / max_completion_length from the default recipe when it
-    exists (any table), else TRL 0.24's GRPOConfig defaults (8 completions per device step, 8 generations, 256)."""
+    """The default recipe's rollout shape: recipes/gsm8k-grpo.toml through rlstack.recipes when both exist, else
+    rlstack.recipes' defaults (the default recipe's values), else TRL 0.24's GRPOConfig defaults."""
     shape: dict[str, Any] = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
                              "num_generations": 8, "max_completion_length": 256, "max_prompt_length": 512,
-                             "lora_r": 32, "lora_alpha": 64, "source": "trl-0.24-defaults"}
-    if RECIPE.exists():
-        import tomllib
+                             "lora_r": 32, "lora_alpha": 64, "gradient_checkpointing": True,
+                             "eval_batch_size": 16, "eval_max_new_tokens": 256, "source": "trl-0.24-defaults"}
+    try:
+        from rlstack import recipes
 
-        data = tomllib.loads(RECIPE.read_text())
-        found: dict[str, Any] = {}
-
-        def walk(d: dict[str, Any]) -> None:
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    walk(v)
-                else:
-                    found.setdefault(k, v)
-
-        walk(data)
-        for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                    "max_completion_length", "max_prompt_length", "lora_alpha"):
-            if isinstance(found.get(key), int):
-                shape[key] = found[key]
-        for key in ("lora_r", "r", "rank"):
-            if isinstance(found.get(key), int):
-                shape["lora_r"] = found[key]
-                break
-        shape["source"] = str(RECIPE.relative_to(common.ROOT))
+        if RECIPE.exists():
+            r = recipes.load(RECIPE)
+            g, lora, ev = r.grpo, r.lora, r.eval
+            source = str(RECIPE.relative_to(common.ROOT))
+        else:
+            g, lora, ev = recipes.GrpoSpec(), recipes.LoraSpec(), recipes.EvalSpec()
+            source = "rlstack.recipes defaults"
+        shape.update(per_device_train_batch_size=g.per_device_train_batch_size,
+                     gradient_accumulation_steps=g.gradient_accumulation_steps, num_generations=g.num_generations,
+                     max_completion_length=g.max_completion_length, max_prompt_length=g.max_prompt_length,
+                     gradient_checkpointing=g.gradient_checkpointing, lora_r=lora.r, lora_alpha=lora.alpha,
+                     eval_batch_size=ev.batch_size, eval_max_new_tokens=ev.max_new_tokens, source=source)
+    except Exception as exc:  # rlstack.recipes absent or its deps (pydantic) missing: TRL defaults
+        shape["source"] += f" (rlstack.recipes unavailable: {type(exc).__name__}: {exc})"[:200]
     gen_batch = shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"]
     shape["generation_batch"] = gen_batch
     shape["prompts_per_step"] = gen_batch // shape["num_generations"]
@@ -139,7 +134,8 @@ def check_same_function(pm: Any, engine: Any, inputs: dict[str, Any], n_tokens: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2, help="timed runs after the first (compiling) call")
+    ap.add_argument("--slow-reps", type=int, default=1, help="timed runs for the slow eager variants")
     ap.add_argument("--prompt-lens", default="150,170,190,210", help="prompt token lengths, cycled per prompt")
     ap.add_argument("--big-batches", default="64,256", help="extra generation batch sizes (sequences) for fastgen")
     ap.add_argument("--skip", default="", help="comma-separated variant names to skip")
@@ -170,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         repeated = [p for p in prompts for _ in range(G)][:n_seq]  # TRL's RepeatSampler: each prompt G times
         return tokenize(tok, repeated, shape["max_prompt_length"])
 
+    def reps_for(name: str) -> int:
+        return args.slow_reps if name in ("trl_default", "fastgen_merged_eager") else args.reps
+
     def run_variant(name: str, n_seq: int, fn: Any, inputs: dict[str, Any]) -> None:
         if name in skip:
             return
         common.reset_peak()
         try:
-            first, runs = time_runs(lambda: fn(inputs), args.reps)
+            first, runs = time_runs(lambda: fn(inputs), reps_for(name))
         except Exception as exc:  # record the failure, keep the other variants
             traceback.print_exc()
             rows.append({"variant": name, "batch": n_seq, "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -189,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                      "floor_tokens_per_s": floor["floor_tokens_per_s"],
                      "floor_ms_per_step": floor["floor_step_s"] * 1e3,
                      "fraction_of_floor": tps / floor["floor_tokens_per_s"], "peak_gib": common.peak_gib()})
+        eng = getattr(fn, "engine", None)
+        if eng is not None and eng.compile_error:
+            rows[-1]["error"] = f"compile failed, ran eager: {eng.compile_error}"[:300]
         print(rows[-1], flush=True)
+        common.write_results("rollout_generation", {**data, "partial": True}, rows, ["variant"], quiet=True)
 
     B = shape["generation_batch"]
     recipe_inputs = batch_inputs(B, seed=1)

@@ -276,6 +276,8 @@ class FastGenerator:
         self._shadow: _Shadow | None = None
         self._caches: dict[tuple[int, int], Any] = {}
         self.compiles = 0
+        self.compile_error: str | None = None
+        self._compiled_ok = False
         if self.merge_lora:
             self._shadow = _Shadow(model, self.dtype)
             self.decoder = self._shadow.model
@@ -293,6 +295,38 @@ class FastGenerator:
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=cache, use_cache=True)
         return out.logits[:, -1, :].float()
+
+    def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any) -> Any:
+        """One decode step; if compilation itself fails (an unsupported model or torch build), fall back to eager
+        decoding once, with a warning, rather than failing the training run. The cache is rolled back first
+        because the failed call may have written this step's keys and values."""
+        if not self.compile:
+            return self._decode(input_ids, attention_mask, position_ids, cache)
+        import torch
+
+        torch.compiler.cudagraph_mark_step_begin()
+        snapshot = None if self._compiled_ok else [
+            layer.cumulative_length.clone() for layer in cache.layers if hasattr(layer, "cumulative_length")
+            and isinstance(layer.cumulative_length, torch.Tensor)]
+        try:
+            out = self._step(input_ids, attention_mask, position_ids, cache)
+            self._compiled_ok = True
+            return out
+        except Exception as exc:
+            if self._compiled_ok:
+                raise
+            import logging
+
+            self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+            logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s",
+                                                self.compile_error)
+            self.compile = False
+            self._step = self._decode
+            lengths = [layer.cumulative_length for layer in cache.layers if hasattr(layer, "cumulative_length")
+                       and isinstance(layer.cumulative_length, torch.Tensor)]
+            for cur, old in zip(lengths, snapshot or [], strict=False):
+                cur.copy_(old)
+            return self._decode(input_ids, attention_mask, position_ids, cache)
 
     def _cache(self, batch: int, length: int) -> Any:
         from transformers import StaticCache
@@ -370,9 +404,7 @@ class FastGenerator:
             if eos is not None and k % 16 == 15 and not bool(unfinished.any()):
                 steps_done = k + 1
                 break
-            if self.compile:
-                torch.compiler.cudagraph_mark_step_begin()
-            logits = self._step(tok[:, None], full_mask, (next_pos + k)[:, None], cache)
+            logits = self._decode_step(tok[:, None], full_mask, (next_pos + k)[:, None], cache)
         tokens = tokens[:, :steps_done]
         if eos is not None and steps_done > 0:
             # like generate: stop at the step where the last row finished
