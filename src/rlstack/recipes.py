@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rlstack.errors import RlstackError
 from rlstack.paths import recipes_dir
 
+RewardName = Literal["correctness", "format"]
+DEFAULT_REWARDS: tuple[RewardName, ...] = ("correctness", "format")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -35,13 +37,13 @@ class TinySpec(_Strict):
     """A model built locally from a config with random weights, and a tokenizer trained on generated text."""
 
     architecture: Literal["qwen3", "llama"] = "qwen3"
-    hidden_size: int = Field(64, gt=0)
-    intermediate_size: int = Field(128, gt=0)
-    num_hidden_layers: int = Field(2, gt=0)
-    num_attention_heads: int = Field(4, gt=0)
-    num_key_value_heads: int = Field(2, gt=0)
-    vocab_size: int = Field(384, ge=64, description="target BPE vocabulary size")
-    tokenizer_corpus: int = Field(2000, gt=0, description="generated problems to train the tokenizer on")
+    hidden_size: int = Field(default=64, gt=0)
+    intermediate_size: int = Field(default=128, gt=0)
+    num_hidden_layers: int = Field(default=2, gt=0)
+    num_attention_heads: int = Field(default=4, gt=0)
+    num_key_value_heads: int = Field(default=2, gt=0)
+    vocab_size: int = Field(default=384, ge=64, description="target BPE vocabulary size")
+    tokenizer_corpus: int = Field(default=2000, gt=0, description="generated problems to train the tokenizer on")
     seed: int = 0
 
 
@@ -49,7 +51,7 @@ class ModelSpec(_Strict):
     name: str = Field(min_length=1, description="hub id, local path, or 'tiny' (built from [model.tiny])")
     load_in_4bit: bool = False
     load_in_fp8: bool = False
-    max_seq_length: int = Field(1024, gt=0)
+    max_seq_length: int = Field(default=1024, gt=0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     tiny: TinySpec | None = None
 
@@ -61,35 +63,35 @@ class ModelSpec(_Strict):
 
 
 class LoraSpec(_Strict):
-    r: int = Field(32, gt=0)
-    alpha: int = Field(32, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    r: int = Field(default=32, gt=0)
+    alpha: int = Field(default=32, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
 
 
 class GrpoSpec(_Strict):
     """The TRL GRPOConfig fields rlstack sets; use_vllm is always False on the portable path."""
 
-    learning_rate: float = Field(5e-6, gt=0)
-    max_steps: int = Field(150, gt=0)
-    num_generations: int = Field(8, ge=2)
-    per_device_train_batch_size: int = Field(8, gt=0)
-    gradient_accumulation_steps: int = Field(1, gt=0)
-    max_prompt_length: int = Field(512, gt=0)
-    max_completion_length: int = Field(512, gt=0)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    beta: float = Field(0.0, ge=0, description="KL coefficient (TRL's default is 0.0)")
+    learning_rate: float = Field(default=5e-6, gt=0)
+    max_steps: int = Field(default=150, gt=0)
+    num_generations: int = Field(default=8, ge=2)
+    per_device_train_batch_size: int = Field(default=8, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    max_prompt_length: int = Field(default=512, gt=0)
+    max_completion_length: int = Field(default=512, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient (TRL's default is 0.0)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     weight_decay: float = 0.0
-    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     lr_scheduler_type: str = "constant"
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
     optim: str = "adamw_torch"
     gradient_checkpointing: bool = False
-    save_steps: int = Field(50, gt=0, description="checkpoint every N steps (for --resume)")
-    save_total_limit: int = Field(2, gt=0)
+    save_steps: int = Field(default=50, gt=0, description="checkpoint every N steps (for --resume)")
+    save_total_limit: int = Field(default=2, gt=0)
     seed: int = 0
 
     @model_validator(mode="after")
@@ -104,19 +106,19 @@ class GrpoSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    train: str = Field("gsm8k", description="'gsm8k', 'generated:N' or a JSONL path")
+    train: str = Field(default="gsm8k", description="'gsm8k', 'generated:N' or a JSONL path")
     split: str = "train"
-    n: int | None = Field(None, gt=0, description="use only the first n training problems (after shuffling)")
+    n: int | None = Field(default=None, gt=0, description="use only the first n training problems (after shuffling)")
     seed: int = 0
 
 
 class EvalSpec(_Strict):
     data: str = "gsm8k"
     split: str = "test"
-    n: int = Field(300, gt=0)
+    n: int = Field(default=300, gt=0)
     seed: int = 0
-    batch_size: int = Field(16, gt=0)
-    max_new_tokens: int = Field(512, gt=0)
+    batch_size: int = Field(default=16, gt=0)
+    max_new_tokens: int = Field(default=512, gt=0)
     backend: Literal["hf", "vllm"] = "hf"
 
 
@@ -126,11 +128,11 @@ class Recipe(_Strict):
     model: ModelSpec
     lora: LoraSpec = Field(default_factory=LoraSpec)
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)
-    rewards: list[Literal["correctness", "format"]] = Field(default_factory=lambda: ["correctness", "format"])
+    rewards: list[RewardName] = Field(default_factory=lambda: list(DEFAULT_REWARDS))
     reward_weights: list[float] | None = None
     data: DataSpec = Field(default_factory=DataSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
-    adapter_name: str | None = Field(None, description="default: <recipe name>-<time>")
+    adapter_name: str | None = Field(default=None, description="default: <recipe name>-<time>")
 
     @model_validator(mode="after")
     def _weights(self) -> Recipe:

@@ -78,8 +78,10 @@ def build(spec: TinySpec) -> tuple[Any, Any]:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
+    config: Any
     if spec.architecture == "qwen3":
-        config = Qwen3Config(head_dim=spec.hidden_size // spec.num_attention_heads, **common)
+        common["head_dim"] = spec.hidden_size // spec.num_attention_heads
+        config = Qwen3Config(**common)
     else:
         config = LlamaConfig(**common)
     torch.manual_seed(spec.seed)

@@ -10,6 +10,7 @@ import. Harmless on versions without the bug (nothing is a tuple there). Remove 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 
 def patch_trl_availability_flags() -> list[str]:
@@ -25,11 +26,11 @@ def patch_trl_availability_flags() -> list[str]:
     return fixed
 
 
-def ensure_warnings_issued(model: object) -> None:
+def ensure_warnings_issued(model: Any) -> None:
     """trl 0.24.0's GRPOTrainer writes `model.warnings_issued[...]`, an attribute transformers 5 no longer
     defines on PreTrainedModel; give the underlying model an empty dict so the trainer can start."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     for m in (inner, getattr(inner, "model", None)):
         if m is not None and not hasattr(m, "warnings_issued"):
             with contextlib.suppress(AttributeError):
-                m.warnings_issued = {}  # type: ignore[attr-defined]
+                m.warnings_issued = {}

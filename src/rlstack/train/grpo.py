@@ -59,7 +59,7 @@ def build_dataset(recipe: Recipe, tokenizer: Any, data: str | None) -> Any:
     return Dataset.from_list(rows)
 
 
-def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name: str) -> Any:
+def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name: str, on_gpu: bool = False) -> Any:
     from rlstack.train.compat import patch_trl_availability_flags
 
     patch_trl_availability_flags()
@@ -100,6 +100,7 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
+        dataloader_pin_memory=on_gpu,
     )
 
 
@@ -152,7 +153,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         dtype_name = "float32"
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = grpo_config(recipe, run_dir / "checkpoints", use_vllm=loaded.loader == "unsloth-fp8",
-                         dtype_name=dtype_name)
+                         dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step)
     if checkpoint is not None:
@@ -164,9 +165,10 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     from rlstack.train.compat import ensure_warnings_issued
 
     ensure_warnings_issued(loaded.model)
-    trainer = GRPOTrainer(
+    reward_funcs: Any = rewards.get(recipe.rewards)
+    trainer: Any = GRPOTrainer(
         model=loaded.model,
-        reward_funcs=rewards.get(recipe.rewards),
+        reward_funcs=reward_funcs,
         args=config,
         train_dataset=dataset,
         processing_class=loaded.tokenizer,

@@ -35,7 +35,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
     """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily)."""
     from transformers import TrainerCallback
 
-    class MetricsCallback(TrainerCallback):  # type: ignore[misc]
+    class MetricsCallback(TrainerCallback):
         def __init__(self) -> None:
             self.step_start: float | None = None
             self.step_time: float | None = None
