@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepare Docker on a bare Debian/Ubuntu machine for the image tests; safe to run again (every step checks
+# first). Installs docker.io + debootstrap when missing, starts dockerd in the background when no engine
+# answers and waits for it, and makes the test base image (debootstrap bookworm minbase, docker import)
+# unless it is already there, so a CI machine that keeps /var/lib/docker pays for it once.
+set -euo pipefail
+
+DOCKER=${RLSTACK_DOCKER:-/usr/bin/docker}
+BASE=${RLSTACK_TEST_BASE:-rlstack-test/bookworm-minbase}
+MIRROR=${RLSTACK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+log() { echo "docker-setup: $*" >&2; }
+
+need_pkgs=()
+[ -x "$DOCKER" ] || need_pkgs+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing ${need_pkgs[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"
+fi
+
+if ! "$DOCKER" info >/dev/null 2>&1; then
+  log "no engine answers; starting dockerd (log: /tmp/dockerd.log)"
+  # shellcheck disable=SC2024
+  nohup $SUDO dockerd >/tmp/dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do
+    "$DOCKER" info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  if ! "$DOCKER" info >/dev/null 2>&1; then
+    log "dockerd did not answer within 60 s; last lines of /tmp/dockerd.log:"
+    tail -20 /tmp/dockerd.log >&2 || true
+    exit 1
+  fi
+fi
+log "engine: $("$DOCKER" version --format '{{.Server.Version}}')"
+
+if "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+  log "base image $BASE already present"
+else
+  dir=$(mktemp -d /tmp/rlstack-minbase.XXXXXX)
+  trap '$SUDO rm -rf "$dir"' EXIT
+  log "debootstrap bookworm minbase into $dir (a few minutes)"
+  $SUDO debootstrap --variant=minbase bookworm "$dir" "$MIRROR" >/tmp/debootstrap.log 2>&1 \
+    || { tail -20 /tmp/debootstrap.log >&2; exit 1; }
+  $SUDO rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+  $SUDO tar -C "$dir" -c . | "$DOCKER" import - "$BASE" >/dev/null
+  log "made $BASE"
+fi

@@ -1,0 +1,191 @@
+"""Stack -> image: the build args, tag and `docker build` command for images/Dockerfile, all derived from
+stack.toml and the lock, and `ensure_built`, which builds only when the content tag is missing.
+
+The tag `rlstack/<stack>:<hash12>` hashes what the image is made of: the Dockerfile, .dockerignore, every
+file the build context sends (lock, stack files, recipes, rlstack's source) and the base image name. The
+same inputs give the same tag, so a rebuild is skipped; any change gives a new tag. The git revision and
+build time are labels only: they do not change the tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rlstack import docker, lock, runner
+from rlstack.errors import DockerError, RlstackError
+from rlstack.paths import project_root
+from rlstack.stacks import Stack
+
+REPO = "rlstack"
+# What the build context sends (see /.dockerignore, an allow-list of the same entries).
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "images", "recipes", "src")
+IGNORED_PARTS = {"__pycache__", ".DS_Store"}
+SOURCE_URL = "https://github.com/rlstack/rlstack"
+
+
+def dockerfile(root: Path | None = None) -> Path:
+    return (root or project_root()) / "images" / "Dockerfile"
+
+
+def context_files(root: Path | None = None) -> list[Path]:
+    """Every file the build context holds, sorted, as paths relative to root."""
+    base = root or project_root()
+    out: list[Path] = []
+    for entry in CONTEXT_ENTRIES:
+        p = base / entry
+        if p.is_file():
+            out.append(Path(entry))
+        elif p.is_dir():
+            for f in p.rglob("*"):
+                rel = f.relative_to(base)
+                if f.is_file() and not (IGNORED_PARTS & set(rel.parts)) and f.suffix != ".pyc":
+                    out.append(rel)
+    return sorted(out)
+
+
+def content_hash(stack: Stack, base_image: str, root: Path | None = None) -> str:
+    base = root or project_root()
+    h = hashlib.sha256()
+    h.update(f"stack={stack.name}\0base={base_image}\0".encode())
+    extra = [Path(".dockerignore")] if (base / ".dockerignore").is_file() else []
+    for rel in sorted({*context_files(base), *extra}):
+        h.update(rel.as_posix().encode() + b"\0")
+        h.update(hashlib.sha256((base / rel).read_bytes()).digest())
+    return h.hexdigest()
+
+
+def key_package_versions(stack: Stack) -> dict[str, str]:
+    versions = lock.locked_versions(stack)
+    return {p: versions[lock.normalize(p)] for p in stack.key_packages if lock.normalize(p) in versions}
+
+
+def git_revision(root: Path | None = None) -> str:
+    """HEAD's commit, '+dirty' when tracked files differ; 'unknown' outside a git checkout."""
+    base = str(root or project_root())
+    try:
+        rev = subprocess.run(["git", "-C", base, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", base, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def build_args(stack: Stack, base_image: str, *, git_rev: str = "unknown", created: str = "") -> dict[str, str]:
+    """The Dockerfile's ARGs for this stack; the only place stack.toml meets the Dockerfile."""
+    keys = key_package_versions(stack)
+    return {
+        "BASE_IMAGE": base_image,
+        "PYTHON": stack.python,
+        "STACK": stack.name,
+        "TORCH_VERSION": stack.torch.version,
+        "TORCH_CUDA": stack.torch.cuda or "none",
+        "GPU_ARCHS": ",".join(stack.gpu_archs),
+        "NVIDIA_VISIBLE_DEVICES": "all" if stack.gpu_required else "void",
+        "LOCK_HASH": lock.lock_hash(stack),
+        "KEY_PACKAGES": " ".join(f"{k}=={v}" for k, v in keys.items()),
+        "GIT_REV": git_rev,
+        "CREATED": created,
+        "SOURCE": SOURCE_URL,
+    }
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    stack: Stack
+    base_image: str
+    tag: str  # rlstack/<stack>:<hash12>
+    latest: str  # rlstack/<stack>:latest
+    args: Mapping[str, str]
+    ca_cert: Path | None = None
+    no_cache: bool = False
+    root: Path = field(default_factory=project_root)
+
+
+def default_base_image(stack: Stack) -> str:
+    return os.environ.get("RLSTACK_BASE_IMAGE") or stack.base_image
+
+
+def default_ca_cert() -> Path | None:
+    """$RLSTACK_CA_CERT, else $SSL_CERT_FILE (set where a proxy intercepts TLS), else none."""
+    for var in ("RLSTACK_CA_CERT", "SSL_CERT_FILE"):
+        v = os.environ.get(var)
+        if v:
+            return Path(v)
+    return None
+
+
+def plan(
+    stack: Stack, *, base_image: str | None = None, ca_cert: Path | str | None = None, no_cache: bool = False,
+    root: Path | None = None, git_rev: str | None = None, created: str | None = None,
+) -> BuildPlan:
+    base = root or project_root()
+    image = base_image or default_base_image(stack)
+    cert = Path(ca_cert) if ca_cert else default_ca_cert()
+    if cert is not None and not cert.is_file():
+        raise RlstackError(f"CA bundle {cert} does not exist", "pass --ca-cert PATH or unset RLSTACK_CA_CERT")
+    digest = content_hash(stack, image, base)
+    args = build_args(
+        stack, image, git_rev=git_rev if git_rev is not None else git_revision(base),
+        created=created if created is not None else datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    return BuildPlan(stack=stack, base_image=image, tag=f"{REPO}/{stack.name}:{digest[:12]}",
+                     latest=f"{REPO}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base)
+
+
+def build_command(p: BuildPlan, exe: str = "docker") -> list[str]:
+    """`docker build` for a plan: BuildKit (the caller sets DOCKER_BUILDKIT=1), host network (so a proxy
+    or a local mirror on the host is reachable), the CA bundle as a secret, never as a file in a layer."""
+    cmd = [exe, "build", "--progress", "plain", "--network", "host", "-f", str(dockerfile(p.root)),
+           "-t", p.tag, "-t", p.latest]
+    for k, v in p.args.items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    if p.ca_cert is not None:
+        cmd += ["--secret", f"id=ca,src={p.ca_cert}"]
+    if p.no_cache:
+        cmd.append("--no-cache")
+    cmd.append(str(p.root))
+    return cmd
+
+
+def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
+    """Build the plan's image unless its content tag exists; return the tag. Checks the engine, BuildKit
+    and the base image first, so each failure has its own message."""
+    info = docker.engine_info()
+    if not force and not p.no_cache and docker.image_exists(p.tag):
+        print(f"rlstack: {p.tag} is up to date (same lock, Dockerfile and source); not rebuilding")
+        runner.run([docker.client(), "tag", p.tag, p.latest])
+        return p.tag
+    docker.require_buildkit(info)
+    if not docker.image_exists(p.base_image) and not docker.pull(p.base_image):
+        raise DockerError(
+            f"the base image {p.base_image} is not present locally and cannot be pulled",
+            "pass --base-image IMG (a local image or a registry mirror), or set RLSTACK_BASE_IMAGE",
+        )
+    proc = runner.run(build_command(p, docker.client()), check=False, env=docker.build_env())
+    if proc.returncode != 0:
+        raise DockerError(
+            f"docker build for stack '{p.stack.name}' failed (exit {proc.returncode}); the failing step is above",
+            "an 'rlstack image check failed' line means stack.toml and the installed environment disagree; "
+            "a TLS error behind a proxy needs --ca-cert PATH (or RLSTACK_CA_CERT)",
+        )
+    return p.tag
+
+
+def labels_of(ref: str) -> dict[str, str]:
+    cfg = docker.inspect(ref).get("Config") or {}
+    return dict(cfg.get("Labels") or {})
+
+
+def size_bytes(ref: str) -> int:
+    return int(docker.inspect(ref).get("Size") or 0)
+
+
+def layer_digests(ref: str) -> list[str]:
+    return list((docker.inspect(ref).get("RootFS") or {}).get("Layers") or [])
