@@ -73,6 +73,72 @@ def docs(c: Context, check: bool = False) -> int:
 
 # --- images and containers (issue: images) ----------------------------------------------------------
 
+_IMAGE_HELP = {
+    "stack": "stack name (images/<stack>/stack.toml); default cpu",
+    "base_image": "override the stack's base_image (default: $RLSTACK_BASE_IMAGE, else stack.toml)",
+    "ca_cert": "CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret (default: $RLSTACK_CA_CERT)",
+}
+
+
+def _image_flags(stack: str, base_image: str, ca_cert: str) -> list[str]:
+    return ["--stack", stack, *(["--base-image", base_image] if base_image else []),
+            *(["--ca-cert", ca_cert] if ca_cert else [])]
+
+
+@task(help={**_IMAGE_HELP, "no_cache": "rebuild every layer", "force": "build even when the content tag exists"})
+@friendly
+def build(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "", no_cache: bool = False,
+          force: bool = False) -> int:
+    """Build rlstack/<stack>:<hash12> and :latest with BuildKit; skipped when the content tag exists."""
+    return _cli("image", "build", *_image_flags(stack, base_image, ca_cert), "--no-cache" if no_cache else "",
+                "--force" if force else "")
+
+
+@task(iterable=["set"],
+      help={**_IMAGE_HELP, "recipe": "recipe file or name (host files are mounted read-only)",
+            "set": "override a recipe field, KEY=VALUE (repeatable)",
+            "data": "training data (file, gsm8k, generated:N)",
+            "resume": "continue from the run's last checkpoint", "adapter_name": "adapter name in the volume"})
+@friendly
+def train(c: Context, stack: str = "cpu", recipe: str = "", set: list[str] | None = None, data: str = "",
+          resume: bool = False, adapter_name: str = "", base_image: str = "", ca_cert: str = "") -> int:
+    """Train in the stack's container: adapters land in the rlstack-adapters volume (GPU stacks: --gpus all)."""
+    extra = [*(["--data", data] if data else []), *(["--adapter-name", adapter_name] if adapter_name else []),
+             *(["--resume"] if resume else [])]
+    return _cli("image", "train", *_image_flags(stack, base_image, ca_cert),
+                *(["--recipe", recipe] if recipe else []),
+                *[a for o in (set or []) for a in ("--set", o)], *(["--", *extra] if extra else []))
+
+
+@task(name="eval",
+      help={**_IMAGE_HELP, "adapter": "adapter name in the rlstack-adapters volume (mounted read-only)",
+            "backend": "hf or vllm", "n": "number of questions"})
+@friendly
+def eval_(c: Context, stack: str = "cpu", adapter: str = "", backend: str = "", n: int = 0, base_image: str = "",
+          ca_cert: str = "") -> int:
+    """Evaluate an adapter from the volume in the stack's container (adapters mounted read-only)."""
+    extra = [*(["--backend", backend] if backend else []), *(["-n", str(n)] if n else [])]
+    return _cli("image", "eval", *_image_flags(stack, base_image, ca_cert),
+                *(["--adapter", adapter] if adapter else []), *(["--", *extra] if extra else []))
+
+
+@task(help=_IMAGE_HELP)
+@friendly
+def shell(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "") -> int:
+    """An interactive bash in the stack's container with the adapters, HF cache and runs volumes."""
+    return _cli("image", "shell", *_image_flags(stack, base_image, ca_cert))
+
+
+@task(name="adapters-volume",
+      help={**_IMAGE_HELP, "verify": "also check every file's sha256", "json": "machine-readable output"})
+@friendly
+def adapters_volume(c: Context, stack: str = "cpu", verify: bool = False, json: bool = False, base_image: str = "",
+                    ca_cert: str = "") -> int:
+    """List the adapters in the rlstack-adapters volume (name, base model, stack, date, metrics)."""
+    return _cli("image", "adapters", *_image_flags(stack, base_image, ca_cert), "--verify" if verify else "",
+                "--json" if json else "")
+
+
 # --- payload: training and evaluation (issue: payload) ----------------------------------------------
 
 

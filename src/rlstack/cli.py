@@ -15,6 +15,7 @@ from rlstack.errors import RlstackError
 # Each module defines `register(subparsers)`; a parser's `func(args) -> int` does the work.
 COMMAND_MODULES = [
     "rlstack.commands.stack_cmds",
+    "rlstack.commands.image_cmds",
     "rlstack.commands.payload_cmds",
 ]
 
