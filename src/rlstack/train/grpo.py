@@ -87,6 +87,8 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         max_grad_norm=g.max_grad_norm,
         optim=g.optim,
         gradient_checkpointing=g.gradient_checkpointing,
+        # Non-reentrant checkpointing works with a frozen base (LoRA): the reentrant kind needs inputs with grad.
+        gradient_checkpointing_kwargs={"use_reentrant": False} if g.gradient_checkpointing else None,
         save_strategy="steps",
         save_steps=g.save_steps,
         save_total_limit=g.save_total_limit,

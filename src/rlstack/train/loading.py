@@ -173,5 +173,7 @@ def _load_transformers(target: str, base_id: str, spec: ModelSpec, lora: LoraSpe
                              f"set lora.target_modules to some of: {', '.join(sorted(present)[:30])}")
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                         task_type="CAUSAL_LM", bias="none")
+    if gc and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
     model = get_peft_model(model, config)
     return Loaded(model, tokenizer, base_id, loader, device)
