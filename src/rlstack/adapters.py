@@ -100,7 +100,8 @@ def _fsync_path(path: Path) -> None:
 
 
 def resolve_lock_hash() -> str | None:
-    """$RLSTACK_LOCK_HASH (images set it), else the hash of the local stack's lock when one is found."""
+    """$RLSTACK_LOCK_HASH (images set it), else the hash of the lock of $RLSTACK_STACK's stack (the cpu stack
+    for a native run: the lock a native CPU environment is checked against by `invoke smoke`), else None."""
     env = os.environ.get("RLSTACK_LOCK_HASH")
     if env:
         return env

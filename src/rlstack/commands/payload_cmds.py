@@ -128,7 +128,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=2))
     else:
-        print(f"accuracy: {result['accuracy']:.4f} ({result['correct']}/{result['n']})\n"
+        print(f"accuracy: {result['accuracy']:.4f} ({result['correct']}/{result['n']}), "
+              f"format reward {result['format_reward_mean']:.3f}\n"
               f"results:  {Path(result['output_dir']) / 'results.json'}\n"
               f"raw:      {Path(result['output_dir']) / 'generations.jsonl'}")
     return 0
