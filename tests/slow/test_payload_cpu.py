@@ -72,3 +72,19 @@ def test_resume_continues_history(env: Path) -> None:
     assert rows[2]["reward"] != -1.0
     m = adapters.verify(env / "adapters" / "r")
     assert m.metrics["steps"] == 4
+
+
+def test_tiny_build_is_deterministic(tmp_path: Path) -> None:
+    from rlstack import tiny
+    from rlstack.recipes import TinySpec
+
+    spec = TinySpec(vocab_size=200, tokenizer_corpus=300)
+    a, b = tiny.ensure(spec, tmp_path / "a"), tiny.ensure(spec, tmp_path / "b")
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert adapters.sha256_file(a / name) == adapters.sha256_file(b / name)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a)
+    ids = tok("so 5 + 3 = 8\n#### 8", add_special_tokens=False).input_ids
+    assert tok.convert_tokens_to_ids(tiny.MARKER_TOKEN) in ids  # the marker is one token
+    assert tok.decode(ids) == "so 5 + 3 = 8\n#### 8"
