@@ -30,9 +30,13 @@ def plain(question: str) -> str:
     return PLAIN_FORMAT.format(instruction=INSTRUCTION, question=question.strip())
 
 
-def render(tokenizer: Any, question: str) -> str:
-    """The exact prompt string the model sees (tokenized later with add_special_tokens=False, as TRL does)."""
+def render(tokenizer: Any, question: str, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The exact prompt string the model sees (tokenized later with add_special_tokens=False, as TRL does).
+
+    `chat_template_kwargs` come from the recipe's [prompt] table (e.g. Qwen3's enable_thinking) and are recorded
+    in the adapter's manifest, so evaluation renders with the same ones as training."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages(question), tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages(question), tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
         return str(text)
     return plain(question)

@@ -122,11 +122,19 @@ class EvalSpec(_Strict):
     backend: Literal["hf", "vllm"] = "hf"
 
 
+class PromptSpec(_Strict):
+    """Options of the one prompt template (rlstack.prompt); the wording itself is not configurable."""
+
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to tokenizer.apply_chat_template, e.g. enable_thinking = false")
+
+
 class Recipe(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
     model: ModelSpec
     lora: LoraSpec = Field(default_factory=LoraSpec)
+    prompt: PromptSpec = Field(default_factory=PromptSpec)
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)
     rewards: list[RewardName] = Field(default_factory=lambda: list(DEFAULT_REWARDS))
     reward_weights: list[float] | None = None

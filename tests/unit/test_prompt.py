@@ -10,9 +10,10 @@ from rlstack import prompt
 class ChatTok:
     chat_template = "x"
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool, add_generation_prompt: bool) -> Any:
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool, add_generation_prompt: bool,
+                            enable_thinking: bool = True) -> Any:
         assert tokenize is False and add_generation_prompt is True
-        return "<user>" + messages[0]["content"] + "<assistant>"
+        return "<user>" + messages[0]["content"] + "<assistant>" + ("" if enable_thinking else "<no-think>")
 
 
 class PlainTok:
@@ -41,3 +42,8 @@ def test_training_and_eval_use_render() -> None:
         text = (src / rel).read_text()
         assert "prompt.render(" in text
         assert prompt.INSTRUCTION[:30] not in text
+
+
+def test_chat_template_kwargs_pass_through() -> None:
+    assert prompt.render(ChatTok(), "q", {"enable_thinking": False}).endswith("<assistant><no-think>")
+    assert prompt.render(PlainTok(), "q", {"enable_thinking": False}) == prompt.plain("q")

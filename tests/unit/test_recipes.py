@@ -82,3 +82,8 @@ def test_fingerprint_changes_with_content() -> None:
     a = recipes.load("gsm8k-grpo")
     b = recipes.load("gsm8k-grpo", ["grpo.max_steps=149"])
     assert a.fingerprint() == recipes.load("gsm8k-grpo").fingerprint() != b.fingerprint()
+
+
+def test_prompt_kwargs_override() -> None:
+    r = recipes.load("gsm8k-grpo", ["prompt.chat_template_kwargs.enable_thinking=false"])
+    assert r.prompt.chat_template_kwargs == {"enable_thinking": False}

@@ -99,17 +99,16 @@ def eval_config(args: argparse.Namespace) -> Any:
     from rlstack import adapters, recipes
     from rlstack.evaluate.gsm8k import EvalConfig
 
-    section: dict[str, Any] = {}
-    load_4bit = args.load_in_4bit
+    recipe: dict[str, Any] = {}
     if args.recipe:
-        r = recipes.load(args.recipe)
-        section = r.eval.model_dump()
-        load_4bit = load_4bit or r.model.load_in_4bit
+        recipe = recipes.load(args.recipe).model_dump(mode="json")
     elif args.adapter:
-        m = adapters.read_manifest(adapters.find_adapter(args.adapter))
-        section = dict(m.recipe.get("eval") or {})
-        load_4bit = load_4bit or bool((m.recipe.get("model") or {}).get("load_in_4bit"))
-    cfg = EvalConfig(load_in_4bit=load_4bit)
+        recipe = adapters.read_manifest(adapters.find_adapter(args.adapter)).recipe
+    section = dict(recipe.get("eval") or {})
+    model = recipe.get("model") or {}
+    cfg = EvalConfig(load_in_4bit=args.load_in_4bit or bool(model.get("load_in_4bit")),
+                     load_in_fp8=bool(model.get("load_in_fp8")),
+                     chat_template_kwargs=dict((recipe.get("prompt") or {}).get("chat_template_kwargs") or {}))
     for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend"):
         if key in section:
             setattr(cfg, key, section[key])

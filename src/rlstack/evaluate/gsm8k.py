@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ class EvalConfig:
     batch_size: int = 16
     max_new_tokens: int = 512
     load_in_4bit: bool = False
+    load_in_fp8: bool = False  # vllm backend: quantization="fp8"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     output: Path | None = None
 
 
@@ -119,7 +121,7 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
     model.eval()
     tokenizer.padding_side = "left"
     load_s = time.perf_counter() - t0
-    prompts = [prompt.render(tokenizer, q) for q in questions]
+    prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
     outputs: list[str] = []
     lengths: list[int] = []
     t1 = time.perf_counter()
@@ -151,10 +153,12 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
                         "use --backend hf, or run in the fp8 stack: invoke eval --stack fp8") from None
     t0 = time.perf_counter()
     rank = int((manifest.recipe.get("lora") or {}).get("r", 64)) if manifest else 64
-    llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed)
+    extra: dict[str, Any] = {"quantization": "fp8"} if cfg.load_in_fp8 else {}
+    llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed,
+              **extra)
     load_s = time.perf_counter() - t0
     tokenizer = llm.get_tokenizer()
-    prompts = [prompt.render(tokenizer, q) for q in questions]
+    prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
     params = SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed)
     lora = LoRARequest("adapter", 1, str(adapter_dir)) if adapter_dir is not None else None
     t1 = time.perf_counter()
@@ -202,7 +206,8 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
                    "adapter_name": manifest.name if manifest else None, "backend": cfg.backend, "engine": engine,
                    "data": cfg.data, "split": cfg.split, "n_requested": cfg.n, "seed": cfg.seed,
                    "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "greedy": True,
-                   "load_in_4bit": cfg.load_in_4bit, "prompt_version": prompt.PROMPT_VERSION},
+                   "load_in_4bit": cfg.load_in_4bit, "load_in_fp8": cfg.load_in_fp8,
+                   "chat_template_kwargs": cfg.chat_template_kwargs, "prompt_version": prompt.PROMPT_VERSION},
         "stack": os.environ.get("RLSTACK_STACK", "native"),
         "lock_hash": adapters.resolve_lock_hash(),
         "versions": versions(),

@@ -55,7 +55,8 @@ def build_dataset(recipe: Recipe, tokenizer: Any, data: str | None) -> Any:
 
     problems = load_problems(data or recipe.data.train, split=recipe.data.split, n=recipe.data.n,
                              seed=recipe.data.seed, shuffle=True)
-    rows = [{"prompt": prompt.render(tokenizer, p.question), "answer": p.answer, "id": p.id} for p in problems]
+    kwargs = recipe.prompt.chat_template_kwargs
+    rows = [{"prompt": prompt.render(tokenizer, p.question, kwargs), "answer": p.answer, "id": p.id} for p in problems]
     return Dataset.from_list(rows)
 
 
@@ -110,6 +111,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         adapters_root: Path | None = None, run_dir: Path | None = None, resume: bool = False,
         fp8: bool = False, overwrite: bool = False) -> TrainResult:
     t0 = time.perf_counter()
+    if fp8:  # recorded in the manifest, so evaluation loads the base the same way
+        recipe = recipe.model_copy(deep=True)
+        recipe.model.load_in_fp8 = True
     name = adapter_name or recipe.adapter_name
     if run_dir is None:
         if resume and name is None:
