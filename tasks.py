@@ -164,7 +164,8 @@ def adapters(c: Context, root: str = "", verify: bool = False, json: bool = Fals
             "steps": "override the smoke recipe's grpo.max_steps", "name": "adapter name (default: smoke-cpu-<time>)"})
 @friendly
 def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "") -> int:
-    """The main job on a fresh machine without a GPU: lock check, tiny GRPO run on 2 CPU cores, eval of it."""
+    """The main job on a fresh machine without a GPU: lock check, tiny GRPO run on 2 CPU cores, eval of the
+    adapter and of its base, and their paired comparison."""
     import time as _time
     from datetime import UTC, datetime
 
@@ -184,8 +185,15 @@ def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "
 
     out = default_runs_dir() / "eval" / name
     rc = _cli("eval", "--adapter", name, "--output", str(out))
-    print(f"smoke: train {t1 - t0:.0f}s, eval {_time.perf_counter() - t1:.0f}s; adapter {name} "
-          f"(invoke adapters), eval results {out / 'results.json'}", file=sys.stderr)
+    if rc:
+        return rc
+    base_out = default_runs_dir() / "eval" / f"{name}-base"
+    rc = _cli("eval", "--model", "tiny", "--recipe", "recipes/smoke-cpu.toml", "--output", str(base_out))
+    if rc:
+        return rc
+    rc = _cli("compare", str(base_out / "results.json"), str(out / "results.json"))
+    print(f"smoke: train {t1 - t0:.0f}s, evals {_time.perf_counter() - t1:.0f}s; adapter {name} "
+          f"(invoke adapters); results {out / 'results.json'} (base: {base_out / 'results.json'})", file=sys.stderr)
     return rc
 
 

@@ -108,7 +108,8 @@ def eval_config(args: argparse.Namespace) -> Any:
     model = recipe.get("model") or {}
     cfg = EvalConfig(load_in_4bit=args.load_in_4bit or bool(model.get("load_in_4bit")),
                      load_in_fp8=bool(model.get("load_in_fp8")),
-                     chat_template_kwargs=dict((recipe.get("prompt") or {}).get("chat_template_kwargs") or {}))
+                     chat_template_kwargs=dict((recipe.get("prompt") or {}).get("chat_template_kwargs") or {}),
+                     tiny=model.get("tiny"))
     for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend"):
         if key in section:
             setattr(cfg, key, section[key])

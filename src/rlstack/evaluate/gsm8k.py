@@ -46,6 +46,7 @@ class EvalConfig:
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tiny: dict[str, Any] | None = None  # [model.tiny] of a recipe, for --model tiny without an adapter
     output: Path | None = None
 
 
@@ -85,18 +86,20 @@ def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest
     adapter_dir = manifest = spec = None
     if cfg.adapter:
         adapter_dir = adapters.find_adapter(cfg.adapter)
-        manifest = adapters.verify(adapter_dir, expected_base_model=cfg.model)
+        manifest = adapters.verify(adapter_dir, expected_base_model=cfg.model if cfg.model != "tiny" else None)
         try:
             spec = ModelSpec.model_validate(manifest.recipe.get("model", {}))
         except Exception:
             spec = None
-    base_id = cfg.model or (manifest.base_model if manifest else None)
+    base_id = (manifest.base_model if manifest and cfg.model in (None, "tiny") else cfg.model)
     if not base_id:
         raise EvalError("no model to evaluate", "pass --model NAME (the base) and/or --adapter NAME")
-    if base_id.startswith("tiny-"):
+    if base_id == "tiny" or base_id.startswith("tiny-"):
         from rlstack import tiny
 
-        tspec = spec.tiny if spec and spec.tiny else TinySpec()
+        tspec = spec.tiny if spec and spec.tiny else TinySpec.model_validate(cfg.tiny or {})
+        if base_id == "tiny":
+            base_id = tiny.model_id(tspec)
         if tiny.model_id(tspec) != base_id:
             raise EvalError(f"cannot rebuild tiny base {base_id}: the adapter's recipe describes "
                             f"{tiny.model_id(tspec)}", "evaluate with the adapter this base was trained for")
