@@ -132,8 +132,9 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
         batch = prompts[i:i + cfg.batch_size]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         with torch.inference_mode():
+            # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows one).
             out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                 pad_token_id=tokenizer.pad_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
         for row in new:
             ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]

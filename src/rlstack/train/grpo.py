@@ -160,6 +160,10 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = grpo_config(recipe, run_dir / "checkpoints", use_vllm=loaded.loader == "unsloth-fp8",
                          dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
+    if loaded.loader.startswith("unsloth"):
+        # Unsloth checkpoints inside get_peft_model(use_gradient_checkpointing="unsloth"); a second, HF-style
+        # enable from the Trainer would wrap the same layers again.
+        config.gradient_checkpointing = False
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step)
     if checkpoint is not None:
