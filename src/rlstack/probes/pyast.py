@@ -1,0 +1,288 @@
+"""Small static-analysis helpers over Python source text: module-level bindings, class attributes with
+their bases resolved across files, free names of a function, attribute uses on a receiver expression.
+
+They read source with `ast` only; nothing is imported, so a wheel for another CUDA or platform is fine.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import importlib
+import re
+import sys
+from dataclasses import dataclass, field
+
+BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__builtins__", "__class__"}
+
+
+@dataclass
+class Binding:
+    """A module-level name: where it is bound and how (a class/def, an import, a plain assignment)."""
+
+    name: str
+    line: int
+    kind: str  # "class" | "def" | "import" | "assign"
+    node: ast.AST | None = None
+    module: str | None = None  # for imports: the module it comes from
+    attr: str | None = None  # for `from m import attr as name`
+    in_try: bool = False
+
+
+@dataclass
+class ModuleInfo:
+    bindings: dict[str, list[Binding]] = field(default_factory=dict)
+    star_imports: list[str] = field(default_factory=list)
+
+    def add(self, b: Binding) -> None:
+        self.bindings.setdefault(b.name, []).append(b)
+
+
+def _resolve_relative(module: str | None, level: int, current: str) -> str:
+    if level == 0:
+        return module or ""
+    parts = current.split(".")
+    # `current` is the module's dotted name; a package __init__ counts as the package itself.
+    base = parts[: len(parts) - level] if level <= len(parts) else []
+    return ".".join([*base, module] if module else base)
+
+
+def module_info(tree: ast.Module, current: str = "") -> ModuleInfo:
+    """Every name bound at module level, descending into if/try/with/for blocks but not into functions."""
+    info = ModuleInfo()
+
+    def targets(node: ast.AST) -> list[ast.Name]:
+        return [n for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+    def visit(stmts: list[ast.stmt], in_try: bool) -> None:
+        for s in stmts:
+            if isinstance(s, ast.ClassDef):
+                info.add(Binding(s.name, s.lineno, "class", s, in_try=in_try))
+            elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
+                info.add(Binding(s.name, s.lineno, "def", s, in_try=in_try))
+            elif isinstance(s, ast.Import):
+                for a in s.names:
+                    info.add(Binding(a.asname or a.name.split(".")[0], s.lineno, "import",
+                                     module=a.name if a.asname else a.name.split(".")[0], in_try=in_try))
+            elif isinstance(s, ast.ImportFrom):
+                mod = _resolve_relative(s.module, s.level, current)
+                for a in s.names:
+                    if a.name == "*":
+                        info.star_imports.append(mod)
+                    else:
+                        info.add(Binding(a.asname or a.name, s.lineno, "import", module=mod, attr=a.name,
+                                         in_try=in_try))
+            elif isinstance(s, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                tgts = s.targets if isinstance(s, ast.Assign) else [s.target]
+                for t in tgts:
+                    for n in targets(t):
+                        info.add(Binding(n.id, s.lineno, "assign", s, in_try=in_try))
+            elif isinstance(s, ast.If):
+                visit(s.body, in_try)
+                visit(s.orelse, in_try)
+            elif isinstance(s, ast.Try | ast.TryStar):
+                visit(s.body, True)
+                for h in s.handlers:
+                    visit(h.body, True)
+                visit(s.orelse, True)
+                visit(s.finalbody, in_try)
+            elif isinstance(s, ast.With | ast.AsyncWith):
+                for item in s.items:
+                    if item.optional_vars is not None:
+                        for n in targets(item.optional_vars):
+                            info.add(Binding(n.id, s.lineno, "assign", s, in_try=in_try))
+                visit(s.body, in_try)
+            elif isinstance(s, ast.For | ast.AsyncFor | ast.While):
+                if not isinstance(s, ast.While):
+                    for n in targets(s.target):
+                        info.add(Binding(n.id, s.lineno, "assign", s, in_try=in_try))
+                visit(s.body, in_try)
+                visit(s.orelse, in_try)
+    visit(tree.body, False)
+    return info
+
+
+def stdlib_names(module: str) -> set[str] | None:
+    """Public names of a standard-library module (for `from typing import *`); importing stdlib is cheap
+    and safe. None for anything else."""
+    if module.split(".")[0] not in sys.stdlib_module_names:
+        return None
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return set(getattr(mod, "__all__", [n for n in dir(mod) if not n.startswith("_")]))
+
+
+@dataclass
+class Use:
+    name: str
+    line: int
+
+
+def function_free_names(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> list[Use]:
+    """Names a function (or class body) loads that nothing inside it binds and that are not builtins: the
+    names it needs from whatever namespace it is executed in (code after a return is ignored). First use
+    of each, in source order."""
+    fn = live_copy(fn)  # type: ignore[assignment]
+    bound: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node is not fn:
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for a in node.names:
+                bound.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            bound.add(node.name)
+    seen: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            if node.id in bound or node.id in BUILTINS:
+                continue
+            if node.id not in seen or node.lineno < seen[node.id]:
+                seen[node.id] = node.lineno
+    return [Use(n, ln) for n, ln in sorted(seen.items(), key=lambda kv: kv[1])]
+
+
+def attribute_uses(tree: ast.AST, receiver: str) -> dict[str, list[int]]:
+    """{attr: [lines]} for every `<receiver>.attr` in the tree, `receiver` given as source ('self.x')."""
+    out: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == receiver:
+            out.setdefault(node.attr, []).append(node.lineno)
+    return out
+
+
+def class_members(cls: ast.ClassDef) -> dict[str, int]:
+    """Names a class body defines (methods, properties, class attributes) and instance attributes its
+    methods assign on self; {name: line}."""
+    out: dict[str, int] = {}
+    for s in cls.body:
+        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.setdefault(s.name, s.lineno)
+        elif isinstance(s, ast.Assign | ast.AnnAssign):
+            for t in s.targets if isinstance(s, ast.Assign) else [s.target]:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, s.lineno)
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id == "self":
+            out.setdefault(node.attr, node.lineno)
+    return out
+
+
+def find_string_assignment(tree: ast.Module, var: str) -> tuple[str, int] | None:
+    """(value, line) of a module-level `var = '''...'''` (a code template)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in node.targets):
+            v = node.value
+            if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                return v.value, node.lineno
+    return None
+
+
+PLACEHOLDER_LINE = re.compile(r"^\s*\{(\w+)\}\s*$")
+PLACEHOLDER = re.compile(r"(?<!\{)\{(\w+)\}(?!\})")
+
+
+def template_code(template: str) -> tuple[str, list[str]]:
+    """A str.format code template as parseable Python: whole-line `{X}` placeholders (pasted code) become
+    `pass` and are returned, inline `{X}` become the identifier `X`, `{{`/`}}` become braces."""
+    placeholders: list[str] = []
+    lines = []
+    for line in template.splitlines():
+        m = PLACEHOLDER_LINE.match(line)
+        if m:
+            placeholders.append(m[1])
+            lines.append(line[: len(line) - len(line.lstrip())] + "pass")
+            continue
+        line = PLACEHOLDER.sub(lambda mm: mm[1], line)
+        lines.append(line.replace("{{", "{").replace("}}", "}"))
+    return "\n".join(lines), placeholders
+
+
+def parse_lenient(code: str) -> ast.Module:
+    """Parse code; when a template's filled-in shape does not parse as a whole, parse it top-level
+    statement by top-level statement and keep the ones that do (their bindings are what matters)."""
+    try:
+        return ast.parse(code)
+    except SyntaxError:
+        pass
+    body: list[ast.stmt] = []
+    chunk: list[str] = []
+
+    def flush() -> None:
+        if chunk:
+            with contextlib.suppress(SyntaxError):
+                body.extend(ast.parse("\n".join(chunk)).body)
+            chunk.clear()
+
+    for line in code.splitlines():
+        starts = line[:1] not in ("", " ", "\t", ")", "]", "}", "#") and not line.startswith(("else", "elif", "except",
+                                                                                           "finally"))
+        if starts and not (chunk and chunk[-1].rstrip().endswith(("\\", ",", "(", "["))) and \
+                not (chunk and chunk[-1].lstrip().startswith("@")):
+            flush()
+        chunk.append(line)
+    flush()
+    return ast.Module(body=body, type_ignores=[])
+
+
+def reachable(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """Statements up to and including the first return/raise: code after it never runs."""
+    out = []
+    for s in stmts:
+        out.append(s)
+        if isinstance(s, ast.Return | ast.Raise):
+            break
+    return out
+
+
+def live_copy(fn: ast.AST) -> ast.AST:
+    """A copy of a function with unreachable statements (after return/raise) removed at every level."""
+    import copy
+
+    fn = copy.deepcopy(fn)
+    for node in ast.walk(fn):
+        for fld in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, fld, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                setattr(node, fld, reachable(stmts))
+    return fn
+
+
+def getsource_targets(tree: ast.Module) -> dict[str, str]:
+    """{var: name} for every `var = inspect.getsource(name)` (how a template's `{var}` gets `name` pasted)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1:
+            call, t = node.value, node.targets[0]
+            if isinstance(t, ast.Name) and ast.unparse(call.func) in ("inspect.getsource", "getsource") \
+                    and call.args and isinstance(call.args[0], ast.Name):
+                out[t.id] = call.args[0].id
+    return out
+
+
+def appended_sources(tree: ast.Module, container: str) -> list[tuple[str, int]]:
+    """[(name, line)] for every `<container>.append(inspect.getsource(name))`."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
+                and ast.unparse(node.func.value).replace("'", '"') == container.replace("'", '"') and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Call) and ast.unparse(arg.func) in ("inspect.getsource", "getsource") \
+                    and arg.args and isinstance(arg.args[0], ast.Name):
+                out.append((arg.args[0].id, node.lineno))
+    return out
+
+
+def assignment_lines(tree: ast.Module, target: str) -> list[int]:
+    """Lines where `target` (dotted, e.g. 'vllm.lora.worker_manager.X') is assigned anywhere in the tree."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and any(ast.unparse(t) == target for t in node.targets)]

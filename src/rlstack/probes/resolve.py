@@ -1,0 +1,71 @@
+"""Resolve probes: do a stack's pins resolve together for its Python and platform (uv, no install)?
+
+`coinstall` asks the report's third wall directly: can two stacks share one environment? It resolves one
+stack's full input with the other's top-level requirements (the other's torch pin left to its packages, so
+the resolver names the package that forces it, e.g. 'vllm==0.21.0 depends on torch==2.11.0').
+
+Resolutions are cached by the hash of their input (the index can only add versions, and each input here
+pins what matters); `fresh=True` skips the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from rlstack import lock
+from rlstack.probes.model import Evidence, ProbeResult
+from rlstack.probes.wheels import cache_dir
+from rlstack.stacks import Stack
+
+PIN_CLAUSE = re.compile(r"[A-Za-z0-9_.-]+==[^\s,]+")
+
+
+def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) -> tuple[bool, str, str]:
+    key = hashlib.sha256(json.dumps([sorted(reqs), python, platform]).encode()).hexdigest()
+    path = cache_dir() / "resolve" / f"{key}.json"
+    if path.is_file() and not fresh:
+        d = json.loads(path.read_text())
+        return d["ok"], d["text"], d["command"]
+    res = lock.resolve(reqs, python, platform, hashes=False)
+    text = res.text if not res.ok else f"{len(lock.parse_pins(res.text))} packages pinned"
+    cmd = " ".join(res.command)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"ok": res.ok, "text": text, "command": cmd}))
+    os.replace(tmp, path)
+    return res.ok, text, cmd
+
+
+def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
+    reqs = lock.resolver_input(stack)
+    ok, text, cmd = _cached_resolve(reqs, stack.python, stack.platform, fresh)
+    if ok:
+        return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="pass",
+                           reason=f"resolves for Python {stack.python} on {stack.platform} ({text})",
+                           evidence=[Evidence(text=text, command=cmd)])
+    return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="fail",
+                       reason=f"stack '{stack.name}' does not resolve", evidence=[Evidence(text=text, command=cmd)],
+                       signature="pin-conflict", fix=f"change the conflicting pins in {stack.requirements_in}")
+
+
+def probe_coinstall(base: Stack, other: Stack, *, fresh: bool = False) -> ProbeResult:
+    pid = f"resolve:coinstall:{base.name}+{other.name}"
+    reqs = [*lock.resolver_input(base), *other.top_level]
+    ok, text, cmd = _cached_resolve(reqs, base.python, base.platform, fresh)
+    if ok:
+        return ProbeResult(id=pid, layer="resolve", status="pass",
+                           reason=f"{base.name} and {other.name} resolve into one environment ({text})",
+                           evidence=[Evidence(text=text, command=cmd)])
+    cause = " ".join(ln.strip() for ln in text.splitlines() if "because" in ln.lower() or "cause" in ln.lower())
+    pins = sorted(set(PIN_CLAUSE.findall(cause)))
+    reason = f"{base.name} + {other.name} cannot share one environment"
+    if pins:
+        reason += ": " + ", ".join(pins)
+    return ProbeResult(id=pid, layer="resolve", status="fail", reason=reason,
+                       evidence=[Evidence(text=cause or text, command=cmd)], signature="torch-pin-conflict"
+                       if any(p.startswith("torch==") for p in pins) else "pin-conflict",
+                       fix=f"keep {base.name} and {other.name} as separate images (one torch each); to train with "
+                           "vLLM rollouts, pick versions that agree on torch (invoke probe-fp8 --suggest)")

@@ -1,0 +1,243 @@
+"""Runtime probes: the stack on a real GPU. Each probe runs in its own Python process (a vLLM or CUDA crash
+takes only that probe down, and its log is the evidence the signatures read), on this machine's Python:
+inside an image, or natively on a GPU host (`rlstack probe --stack X --layer runtime --json -o FILE`).
+
+Probes: CUDA init, a bitsandbytes 4-bit matmul, an FP8 matmul (torch._scaled_mm), a vLLM engine start
+with enable_lora (its LoRA warmup runs at start; FP8 quantization when asked; unsloth_zoo's vLLM patches
+applied first when unsloth_zoo is installed, as unsloth's fast_inference does) and one GRPO step through
+`rlstack train`. Without a GPU, or without the package a probe needs, it is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlstack.probes.model import Evidence, ProbeResult
+
+MARK = "RLSTACK-PROBE-RESULT:"
+TIMEOUTS = {"cuda-init": 120, "bnb-4bit": 300, "fp8-matmul": 300, "vllm-lora": 600, "grpo-step": 600}
+
+
+def _have(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _emit(status: str, reason: str, **facts: Any) -> None:
+    print(MARK + json.dumps({"status": status, "reason": reason, "facts": facts}), flush=True)
+
+
+# --- the probe bodies (run in the child process) ------------------------------------------------------
+
+
+def _cuda() -> Any:
+    import torch
+
+    if not torch.cuda.is_available():
+        _emit("skip", "no CUDA device visible (torch.cuda.is_available() is False)")
+        sys.exit(0)
+    return torch
+
+
+def body_cuda_init() -> None:
+    torch = _cuda()
+    props = torch.cuda.get_device_properties(0)
+    x = torch.ones(1024, device="cuda")
+    torch.cuda.synchronize()
+    cap = torch.cuda.get_device_capability(0)
+    _emit("pass", f"{props.name} sm_{cap[0]}{cap[1]}, torch {torch.__version__} (CUDA {torch.version.cuda})",
+          gpu=props.name, arch=f"sm_{cap[0]}{cap[1]}", torch=torch.__version__, torch_cuda=torch.version.cuda,
+          total_gib=round(props.total_memory / 2**30, 1), sum=float(x.sum()),
+          arch_list=torch.cuda.get_arch_list())
+
+
+def body_bnb_4bit() -> None:
+    torch = _cuda()
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bf
+
+    torch.manual_seed(0)
+    w = torch.randn(512, 512, dtype=torch.bfloat16, device="cuda") / 16
+    x = torch.randn(8, 512, dtype=torch.bfloat16, device="cuda")
+    q, state = bf.quantize_4bit(w, quant_type="nf4", compute_dtype=torch.bfloat16)
+    y = bnb.matmul_4bit(x, q.t(), quant_state=state)
+    ref = x @ bf.dequantize_4bit(q, state).t()
+    err = float((y - ref).abs().max() / ref.abs().max())
+    status = "pass" if err < 0.05 else "fail"
+    _emit(status, f"nf4 matmul 8x512x512, max rel err {err:.2e} vs dequantized reference",
+          bitsandbytes=bnb.__version__, rel_err=err)
+
+
+def body_fp8_matmul() -> None:
+    torch = _cuda()
+    cap = torch.cuda.get_device_capability(0)
+    if cap < (8, 9):
+        _emit("skip", f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores (needs 8.9+)")
+        return
+    torch.manual_seed(0)
+    a = torch.randn(64, 128, device="cuda")
+    b = torch.randn(256, 128, device="cuda")
+    sa, sb = a.abs().max() / 448, b.abs().max() / 448
+    a8 = (a / sa).to(torch.float8_e4m3fn)
+    b8 = (b / sb).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(a8, b8.t(), scale_a=sa.float(), scale_b=sb.float(), out_dtype=torch.bfloat16)
+    ref = a @ b.t()
+    err = float((y.float() - ref).abs().max() / ref.abs().max())
+    _emit("pass" if err < 0.1 else "fail", f"torch._scaled_mm e4m3 64x128x256, max rel err {err:.2e}", rel_err=err)
+
+
+def _tiny_model() -> str:
+    from rlstack import tiny
+    from rlstack.recipes import TinySpec
+
+    spec = TinySpec(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=512)
+    return str(tiny.ensure(spec))
+
+
+def body_vllm_lora() -> None:
+    _cuda()
+    fp8 = os.environ.get("RLSTACK_PROBE_FP8") == "1"
+    patched = "no (unsloth_zoo not installed)"
+    if _have("unsloth_zoo"):
+        import unsloth  # noqa: F401  (unsloth must be imported before unsloth_zoo)
+        from unsloth_zoo.vllm_utils import patch_vllm
+
+        patch_vllm(debug=False)
+        patched = "yes (unsloth_zoo.vllm_utils.patch_vllm)"
+    import vllm
+
+    model = _tiny_model()
+    t0 = time.perf_counter()
+    llm = vllm.LLM(model=model, enable_lora=True, max_lora_rank=8, max_loras=1, max_model_len=256,
+                   gpu_memory_utilization=0.3, enforce_eager=True, quantization="fp8" if fp8 else None)
+    start = time.perf_counter() - t0
+    out = llm.generate(["1 + 1 ="], vllm.SamplingParams(max_tokens=4, temperature=0))
+    _emit("pass", f"vLLM {vllm.__version__} engine up with enable_lora (LoRA warmup ran){' fp8' if fp8 else ''} "
+          f"in {start:.1f}s; unsloth patches: {patched}", vllm=vllm.__version__, fp8=fp8, start_s=round(start, 1),
+          text=out[0].outputs[0].text)
+
+
+def body_grpo_step() -> None:
+    _cuda()
+    if not _have("rlstack.train.grpo"):
+        _emit("skip", "rlstack.train is not in this installation")
+        return
+    with tempfile.TemporaryDirectory(prefix="rlstack-probe-grpo-") as tmp:
+        cmd = [sys.executable, "-m", "rlstack.cli", "train", "--recipe", "smoke-cpu", "--max-steps", "1",
+               "--adapter-name", "probe-grpo-step", "--adapters-root", f"{tmp}/adapters", "--output", f"{tmp}/run",
+               "--data", "generated:64"]
+        print("$ " + " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, text=True, capture_output=True, timeout=TIMEOUTS["grpo-step"] - 30)
+        sys.stdout.write(proc.stdout[-6000:])
+        sys.stdout.write(proc.stderr[-6000:])
+        if proc.returncode != 0:
+            _emit("fail", f"rlstack train --max-steps 1 exited {proc.returncode}")
+            return
+        _emit("pass", "one GRPO step through rlstack train (recipe smoke-cpu, max_steps=1)")
+
+
+BODIES: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {
+    "cuda-init": (body_cuda_init, ("torch",)),
+    "bnb-4bit": (body_bnb_4bit, ("torch", "bitsandbytes")),
+    "fp8-matmul": (body_fp8_matmul, ("torch",)),
+    "vllm-lora": (body_vllm_lora, ("torch", "vllm")),
+    "grpo-step": (body_grpo_step, ("torch", "trl", "peft", "transformers")),
+}
+
+
+# --- the parent side ------------------------------------------------------------------------------------
+
+
+def has_gpu() -> tuple[bool, str]:
+    """Whether a CUDA GPU is visible, decided without importing torch in this process."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False, "CUDA_VISIBLE_DEVICES is empty"
+    smi = shutil.which("nvidia-smi")
+    if smi is None and not os.path.exists("/dev/nvidia0"):
+        return False, "no NVIDIA GPU on this machine (no nvidia-smi, no /dev/nvidia0)"
+    return True, "GPU present"
+
+
+def gpu_facts() -> dict[str, str]:
+    """Driver version and arch from nvidia-smi, when there is one."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                             text=True, capture_output=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if not out:
+        return {}
+    name, driver, cap = (x.strip() for x in out[0].split(",")[:3])
+    return {"gpu": name, "driver": driver, "arch": "sm_" + cap.replace(".", "")}
+
+
+def run_probe(name: str, *, fp8: bool = False) -> ProbeResult:
+    pid = f"runtime:{name}"
+    _body, needs = BODIES[name]
+    missing = [m for m in needs if not _have(m)]
+    if missing:
+        return ProbeResult(id=pid, layer="runtime", status="skip",
+                           reason=f"{', '.join(missing)} not installed in this Python ({sys.executable})")
+    ok, why = has_gpu()
+    if not ok:
+        return ProbeResult(id=pid, layer="runtime", status="skip", reason=why)
+    cmd = [sys.executable, "-m", "rlstack.probes.runtime", name]
+    env = {**os.environ, "RLSTACK_PROBE_FP8": "1" if fp8 else "0"}
+    try:
+        proc = subprocess.run(cmd, text=True, capture_output=True, timeout=TIMEOUTS[name], env=env)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        log, rc = log + f"\ntimed out after {TIMEOUTS[name]}s", -1
+    result = next((json.loads(ln[len(MARK):]) for ln in reversed(log.splitlines()) if ln.startswith(MARK)), None)
+    cmd_s = " ".join(cmd)
+    if result is not None and rc == 0:
+        ev = [Evidence(text=json.dumps(result["facts"])[:1500], command=cmd_s)]
+        if result["status"] == "fail":
+            ev.append(Evidence(text=log[-3000:]))
+        return ProbeResult(id=pid, layer="runtime", status=result["status"], reason=result["reason"], evidence=ev)
+    from rlstack.probes import signatures
+
+    hits = signatures.diagnose(log)
+    tail = "\n".join(log.strip().splitlines()[-25:])
+    excerpt = [Evidence(text=m.excerpt) for m in hits[:3]]
+    return ProbeResult(id=pid, layer="runtime", status="fail",
+                       reason=(hits[0].signature.title if hits else f"exited {rc}"),
+                       evidence=[*excerpt, Evidence(text=tail[-3000:], command=cmd_s)],
+                       signature=hits[0].signature.id if hits else None,
+                       fix=hits[0].signature.fix if hits else None)
+
+
+def run_all(*, fp8: bool = False, only: list[str] | None = None) -> list[ProbeResult]:
+    out = []
+    for name in only or list(BODIES):
+        t0 = time.perf_counter()
+        res = run_probe(name, fp8=fp8)
+        res.duration_s = round(time.perf_counter() - t0, 3)
+        out.append(res)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    name = argv[0]
+    BODIES[name][0]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
