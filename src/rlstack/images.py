@@ -123,8 +123,10 @@ def default_ca_cert() -> Path | None:
 
 def plan(
     stack: Stack, *, base_image: str | None = None, ca_cert: Path | str | None = None, no_cache: bool = False,
-    root: Path | None = None, git_rev: str | None = None, created: str | None = None,
+    root: Path | None = None, git_rev: str | None = None, created: str | None = None, repo: str = REPO,
 ) -> BuildPlan:
+    """Everything a build needs; `repo` names the image repository (tests use their own, so they never
+    move a user's rlstack/<stack>:latest)."""
     base = root or project_root()
     image = base_image or default_base_image(stack)
     cert = Path(ca_cert) if ca_cert else default_ca_cert()
@@ -135,8 +137,8 @@ def plan(
         stack, image, git_rev=git_rev if git_rev is not None else git_revision(base),
         created=created if created is not None else datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    return BuildPlan(stack=stack, base_image=image, tag=f"{REPO}/{stack.name}:{digest[:12]}",
-                     latest=f"{REPO}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base)
+    return BuildPlan(stack=stack, base_image=image, tag=f"{repo}/{stack.name}:{digest[:12]}",
+                     latest=f"{repo}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base)
 
 
 def build_command(p: BuildPlan, exe: str = "docker") -> list[str]:
