@@ -85,13 +85,35 @@ def _image_flags(stack: str, base_image: str, ca_cert: str) -> list[str]:
             *(["--ca-cert", ca_cert] if ca_cert else [])]
 
 
-@task(help={**_IMAGE_HELP, "no_cache": "rebuild every layer", "force": "build even when the content tag exists"})
+@task(help={**_IMAGE_HELP, "no_cache": "rebuild every layer", "force": "build even when the content tag exists",
+            "buildx": "use `docker buildx build --load` (CI)", "cache": "remote BuildKit cache: gha (needs --buildx)"})
 @friendly
 def build(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "", no_cache: bool = False,
-          force: bool = False) -> int:
+          force: bool = False, buildx: bool = False, cache: str = "") -> int:
     """Build rlstack/<stack>:<hash12> and :latest with BuildKit; skipped when the content tag exists."""
     return _cli("image", "build", *_image_flags(stack, base_image, ca_cert), "--no-cache" if no_cache else "",
-                "--force" if force else "")
+                "--force" if force else "", "--buildx" if buildx else "", *(["--cache", cache] if cache else []))
+
+
+@task(name="smoke-image", help=_IMAGE_HELP)
+@friendly
+def smoke_image(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "") -> int:
+    """Run the built image: `rlstack --version`, then the build-time checks again inside the final image."""
+    return _cli("image", "smoke", *_image_flags(stack, base_image, ca_cert))
+
+
+@task(name="image-size", help=_IMAGE_HELP)
+@friendly
+def image_size(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "") -> int:
+    """Print the image's size; fail when it is over the stack's max_image_gb."""
+    return _cli("image", "size", *_image_flags(stack, base_image, ca_cert))
+
+
+@task(help={**_IMAGE_HELP, "registry": "registry prefix, e.g. ghcr.io/OWNER"})
+@friendly
+def push(c: Context, registry: str, stack: str = "cpu", base_image: str = "", ca_cert: str = "") -> int:
+    """Push rlstack/<stack>:<hash12> as <registry>/rlstack-<stack>:<hash12> and :latest."""
+    return _cli("image", "push", *_image_flags(stack, base_image, ca_cert), "--registry", registry)
 
 
 @task(iterable=["set"],

@@ -100,6 +100,13 @@ def require_buildkit(info: Mapping[str, Any]) -> None:
         )
 
 
+def require_buildx() -> None:
+    proc = runner.run([client(), "buildx", "version"], capture=True, check=False, quiet=True)
+    if proc.returncode != 0:
+        raise DockerError("--buildx was asked for, but 'docker buildx' is not installed",
+                          "install the docker-buildx plugin, or build without --buildx (built-in BuildKit)")
+
+
 def nvidia_runtime_problem(info: Mapping[str, Any], which: Callable[[str], str | None] = shutil.which) -> str | None:
     """None when `docker run --gpus all` can work: an 'nvidia' runtime is registered, or the toolkit's
     hook (used by --gpus) is installed."""

@@ -106,6 +106,8 @@ class BuildPlan:
     ca_cert: Path | None = None
     no_cache: bool = False
     root: Path = field(default_factory=project_root)
+    buildx: bool = False  # `docker buildx build --load` (CI's setup-buildx) instead of the built-in BuildKit
+    cache: str | None = None  # 'gha': BuildKit cache in GitHub Actions (needs buildx)
 
 
 def default_base_image(stack: Stack) -> str:
@@ -124,11 +126,16 @@ def default_ca_cert() -> Path | None:
 def plan(
     stack: Stack, *, base_image: str | None = None, ca_cert: Path | str | None = None, no_cache: bool = False,
     root: Path | None = None, git_rev: str | None = None, created: str | None = None, repo: str = REPO,
+    buildx: bool = False, cache: str | None = None,
 ) -> BuildPlan:
     """Everything a build needs; `repo` names the image repository (tests use their own, so they never
     move a user's rlstack/<stack>:latest)."""
     base = root or project_root()
     image = base_image or default_base_image(stack)
+    if cache not in (None, "", "gha"):
+        raise RlstackError(f"unknown build cache {cache!r}", "the only remote cache is 'gha' (GitHub Actions)")
+    if cache and not buildx:
+        raise RlstackError("--cache gha needs --buildx", "pass --buildx (CI sets up buildx first)")
     cert = Path(ca_cert) if ca_cert else default_ca_cert()
     if cert is not None and not cert.is_file():
         raise RlstackError(f"CA bundle {cert} does not exist", "pass --ca-cert PATH or unset RLSTACK_CA_CERT")
@@ -138,20 +145,24 @@ def plan(
         created=created if created is not None else datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return BuildPlan(stack=stack, base_image=image, tag=f"{repo}/{stack.name}:{digest[:12]}",
-                     latest=f"{repo}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base)
+                     latest=f"{repo}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base,
+                     buildx=buildx, cache=cache or None)
 
 
 def build_command(p: BuildPlan, exe: str = "docker") -> list[str]:
     """`docker build` for a plan: BuildKit (the caller sets DOCKER_BUILDKIT=1), host network (so a proxy
     or a local mirror on the host is reachable), the CA bundle as a secret, never as a file in a layer."""
-    cmd = [exe, "build", "--progress", "plain", "--network", "host", "-f", str(dockerfile(p.root)),
-           "-t", p.tag, "-t", p.latest]
+    cmd = [exe, *(["buildx", "build", "--load"] if p.buildx else ["build"]), "--progress", "plain",
+           "--network", "host", "-f", str(dockerfile(p.root)), "-t", p.tag, "-t", p.latest]
     for k, v in p.args.items():
         cmd += ["--build-arg", f"{k}={v}"]
     if p.ca_cert is not None:
         cmd += ["--secret", f"id=ca,src={p.ca_cert}"]
     if p.no_cache:
         cmd.append("--no-cache")
+    if p.cache == "gha":
+        scope = f"rlstack-{p.stack.name}"
+        cmd += ["--cache-from", f"type=gha,scope={scope}", "--cache-to", f"type=gha,mode=max,scope={scope}"]
     cmd.append(str(p.root))
     return cmd
 
@@ -164,7 +175,10 @@ def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
         print(f"rlstack: {p.tag} is up to date (same lock, Dockerfile and source); not rebuilding")
         runner.run([docker.client(), "tag", p.tag, p.latest])
         return p.tag
-    docker.require_buildkit(info)
+    if p.buildx:
+        docker.require_buildx()
+    else:
+        docker.require_buildkit(info)
     if not docker.image_exists(p.base_image) and not docker.pull(p.base_image):
         raise DockerError(
             f"the base image {p.base_image} is not present locally and cannot be pulled",
@@ -191,3 +205,44 @@ def size_bytes(ref: str) -> int:
 
 def layer_digests(ref: str) -> list[str]:
     return list((docker.inspect(ref).get("RootFS") or {}).get("Layers") or [])
+
+
+def smoke_command(p: BuildPlan, exe: str = "docker") -> list[str]:
+    """Re-run the build-time checks in the finished image (now with rlstack installed), as its user."""
+    a = p.args
+    return [exe, "run", "--rm", "--read-only", "--cap-drop", "ALL", "--entrypoint", "python", p.tag,
+            "-m", "rlstack.image_checks", "--torch-version", a["TORCH_VERSION"], "--torch-cuda", a["TORCH_CUDA"],
+            "--gpu-archs", a["GPU_ARCHS"], "--lock", f"/opt/rlstack/images/{p.stack.name}/requirements.lock",
+            "--stack", p.stack.name]
+
+
+def smoke(p: BuildPlan) -> None:
+    docker.engine_info()
+    exe = docker.client()
+    runner.run([exe, "run", "--rm", "--read-only", p.tag, "--version"])
+    if runner.run(smoke_command(p, exe), check=False).returncode != 0:
+        raise DockerError(f"{p.tag}: the image's environment fails its checks (see above)")
+
+
+def check_size(p: BuildPlan) -> int:
+    """The image's size in bytes; RlstackError when it exceeds the stack's max_image_gb."""
+    size = size_bytes(p.tag)
+    limit = p.stack.max_image_gb * 1e9
+    print(f"{p.tag}: {size / 1e9:.2f} GB (limit {p.stack.max_image_gb:g} GB from {p.stack.stack_file.name})")
+    if size > limit:
+        raise RlstackError(
+            f"{p.tag} is {size / 1e9:.2f} GB, over max_image_gb = {p.stack.max_image_gb:g}",
+            f"find what grew (docker history {p.tag}) or raise max_image_gb in {p.stack.stack_file}",
+        )
+    return size
+
+
+def push(p: BuildPlan, registry: str) -> str:
+    """Push the content tag as <registry>/rlstack-<stack>:<hash12> (and :latest); returns the remote ref."""
+    exe = docker.client()
+    digest = p.tag.rsplit(":", 1)[1]
+    remote = f"{registry.rstrip('/')}/{REPO}-{p.stack.name}"
+    for tag in (digest, "latest"):
+        runner.run([exe, "tag", p.tag, f"{remote}:{tag}"])
+        runner.run([exe, "push", f"{remote}:{tag}"])
+    return f"{remote}:{digest}"

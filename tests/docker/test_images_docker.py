@@ -110,13 +110,17 @@ def _scan_for(image: str, needles: list[bytes], digests: set[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def rebuilt(cpu_image: str, cpu_stack: stacks.Stack, base_image: str, ca_bundle: Path,
-            context_copy: Path) -> tuple[str, str]:
-    """(before, after) tags around a one-line change to a project source file."""
+            context_copy: Path) -> Iterator[tuple[str, str]]:
+    """(before, after) tags around a one-line change to a project source file; `after` is removed at the end
+    (its layers but the last two are shared with `before`)."""
     src = context_copy / "src" / "rlstack" / "__init__.py"
     src.write_text(src.read_text() + f"\n# touched by the rebuild test {uuid.uuid4().hex}\n")
     plan = images.plan(cpu_stack, base_image=base_image, ca_cert=ca_bundle, root=context_copy, repo=TEST_REPO)
     assert plan.tag != cpu_image
-    return cpu_image, images.ensure_built(plan)
+    after = images.ensure_built(plan)
+    yield cpu_image, after
+    _docker("rmi", after, check=False)
+    _docker("tag", cpu_image, plan.latest, check=False)
 
 
 def test_source_change_rebuilds_only_the_project_layers(rebuilt: tuple[str, str]) -> None:

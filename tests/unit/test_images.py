@@ -191,3 +191,25 @@ def test_image_checks_cli_fails_with_a_clear_message(tmp_path: Path, capsys: pyt
     assert "rlstack image check failed for stack 't'" in err
     assert "definitely-not-installed==1.0 is in the lock but not installed" in err
     assert "invoke lock --stack t" in err
+
+
+def test_buildx_and_gha_cache_flags(tree: Path) -> None:
+    st = stacks.load_stack("fp8")
+    p = images.plan(st, buildx=True, cache="gha", git_rev="r", created="t")
+    cmd = images.build_command(p, "docker")
+    assert cmd[:4] == ["docker", "buildx", "build", "--load"]
+    assert "type=gha,scope=rlstack-fp8" in cmd and "type=gha,mode=max,scope=rlstack-fp8" in cmd
+    with pytest.raises(RlstackError, match="needs --buildx"):
+        images.plan(st, cache="gha", git_rev="r", created="t")
+    with pytest.raises(RlstackError, match="unknown build cache"):
+        images.plan(st, buildx=True, cache="s3", git_rev="r", created="t")
+
+
+def test_smoke_reruns_the_checks_with_the_stacks_values(tree: Path) -> None:
+    st = stacks.load_stack("portable")
+    p = images.plan(st, git_rev="r", created="t")
+    cmd = images.smoke_command(p, "docker")
+    assert cmd[cmd.index("--entrypoint") + 1] == "python" and p.tag in cmd
+    assert cmd[cmd.index("--gpu-archs") + 1] == ",".join(st.gpu_archs)
+    assert cmd[cmd.index("--torch-cuda") + 1] == st.torch.cuda
+    assert cmd[cmd.index("--lock") + 1] == "/opt/rlstack/images/portable/requirements.lock"

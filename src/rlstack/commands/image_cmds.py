@@ -30,7 +30,22 @@ def register(sub: Any) -> None:
     _build_flags(p)
     p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     p.add_argument("--force", action="store_true", help="build even when the content tag exists")
+    p.add_argument("--buildx", action="store_true", help="build with `docker buildx build --load` (CI)")
+    p.add_argument("--cache", choices=["gha"], help="remote BuildKit cache: gha = GitHub Actions (needs --buildx)")
     p.set_defaults(func=cmd_build)
+
+    p = isub.add_parser("smoke", help="run the image: --version, then the build-time checks again inside it")
+    _build_flags(p)
+    p.set_defaults(func=cmd_smoke)
+
+    p = isub.add_parser("size", help="the image's size; fails over the stack's max_image_gb")
+    _build_flags(p)
+    p.set_defaults(func=cmd_size)
+
+    p = isub.add_parser("push", help="push the content tag to a registry as <registry>/rlstack-<stack>")
+    _build_flags(p)
+    p.add_argument("--registry", required=True, help="e.g. ghcr.io/OWNER")
+    p.set_defaults(func=cmd_push)
 
     p = isub.add_parser("train", help="rlstack train in the stack's container (adapters volume read-write)")
     _build_flags(p)
@@ -60,10 +75,22 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_inspect)
 
 
-def _ensure(args: argparse.Namespace, *, no_cache: bool = False, force: bool = False) -> tuple[stacks.Stack, str]:
-    stack = stacks.load_stack(args.stack)
-    plan = images.plan(stack, base_image=args.base_image, ca_cert=args.ca_cert, no_cache=no_cache)
-    return stack, images.ensure_built(plan, force=force)
+def _plan(args: argparse.Namespace, **kw: Any) -> images.BuildPlan:
+    return images.plan(stacks.load_stack(args.stack), base_image=args.base_image, ca_cert=args.ca_cert, **kw)
+
+
+def _existing(args: argparse.Namespace) -> images.BuildPlan:
+    p = _plan(args)
+    docker.engine_info()
+    if not docker.image_exists(p.tag):
+        raise DockerError(f"{p.tag} is not built (the source or lock changed since)",
+                          f"build it: invoke build --stack {args.stack}")
+    return p
+
+
+def _ensure(args: argparse.Namespace, *, force: bool = False, **kw: Any) -> tuple[stacks.Stack, str]:
+    plan = _plan(args, **kw)
+    return plan.stack, images.ensure_built(plan, force=force)
 
 
 def _rest(args: argparse.Namespace) -> list[str]:
@@ -72,8 +99,23 @@ def _rest(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    _, tag = _ensure(args, no_cache=args.no_cache, force=args.force)
+    _, tag = _ensure(args, no_cache=args.no_cache, force=args.force, buildx=args.buildx, cache=args.cache)
     print(tag)
+    return 0
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    images.smoke(_existing(args))
+    return 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    images.check_size(_existing(args))
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    print(images.push(_existing(args), args.registry))
     return 0
 
 
@@ -124,8 +166,7 @@ def cmd_adapters(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    stack = stacks.load_stack(args.stack)
-    plan = images.plan(stack, base_image=args.base_image, ca_cert=args.ca_cert)
+    plan = _existing(args)
     labels = images.labels_of(plan.tag)
     print(json.dumps({"tag": plan.tag, "size_bytes": images.size_bytes(plan.tag), "labels": labels}, indent=2))
     return 0
