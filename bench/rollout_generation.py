@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-lens", default="150,170,190,210", help="prompt token lengths, cycled per prompt")
     ap.add_argument("--big-batches", default="64,256", help="extra generation batch sizes (sequences) for fastgen")
     ap.add_argument("--skip", default="", help="comma-separated variant names to skip")
+    ap.add_argument("--variants", default="trl_default,fastgen",
+                    help="recipe-shape variants in order: trl_default, fastgen (merged shadow + GQA decode attention"
+                         " + manual CUDA graph), fastgen_trees, fastgen_trees_sdpa, fastgen_nograph, "
+                         "fastgen_unmerged_trees, fastgen_merged_eager, hf_static_cache_compiled")
     ap.add_argument("--completion", type=int, default=0, help="override the completion length")
     args = ap.parse_args(argv)
 
@@ -189,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                      "floor_ms_per_step": floor["floor_step_s"] * 1e3,
                      "fraction_of_floor": tps / floor["floor_tokens_per_s"], "peak_gib": common.peak_gib()})
         eng = getattr(fn, "engine", None)
-        if eng is not None and eng.compile_error:
-            rows[-1]["error"] = f"compile failed, ran eager: {eng.compile_error}"[:300]
+        if eng is not None and (eng.compile_error or eng.graph_error):
+            rows[-1]["error"] = f"compile: {eng.compile_error} graph: {eng.graph_error}"[:300]
         print(rows[-1], flush=True)
         common.write_results("rollout_generation", {**data, "partial": True}, rows, ["variant"], quiet=True)
 
@@ -205,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return pm.generate(**inp, generation_config=trl_generation_config(tok, T, cache_implementation="static"))
 
-    def fast(merge: bool, compile: bool = True) -> Any:
-        eng = fastgen.FastGenerator(pm, merge_lora=merge, compile=compile and common.DEVICE == "cuda")
+    def fast(**opts: Any) -> Any:
+        opts.setdefault("compile", common.DEVICE == "cuda")
+        eng = fastgen.FastGenerator(pm, **opts)
         sampling, max_new = fastgen.sampling_from_generation_config(gc, pm)
 
         def f(inp: dict[str, Any]) -> Any:
@@ -215,21 +220,35 @@ def main(argv: list[str] | None = None) -> int:
         f.engine = eng  # type: ignore[attr-defined]
         return f
 
-    run_variant("trl_default", B, trl_default, recipe_inputs)
-    if "fastgen_merged_eager" not in skip:
-        run_variant("fastgen_merged_eager", B, fast(True, compile=False), recipe_inputs)
-    if "fastgen_unmerged_compiled" not in skip:
-        run_variant("fastgen_unmerged_compiled", B, fast(False), recipe_inputs)
-    merged = fast(True)
-    run_variant("fastgen_merged_compiled", B, merged, recipe_inputs)
-    run_variant("hf_static_cache_compiled", B, hf_static_compiled, recipe_inputs)
+    want = [v for v in args.variants.split(",") if v]
+    engines: dict[str, Any] = {}
+    options = {  # name -> FastGenerator options
+        "fastgen": dict(merge_lora=True, graph="manual"),
+        "fastgen_trees": dict(merge_lora=True, graph="trees"),
+        "fastgen_trees_sdpa": dict(merge_lora=True, graph="trees", gqa_attention=False),
+        "fastgen_nograph": dict(merge_lora=True, graph="none"),
+        "fastgen_unmerged_trees": dict(merge_lora=False, graph="trees"),
+        "fastgen_merged_eager": dict(merge_lora=True, compile=False),
+    }
+    for name in want:
+        if name == "trl_default":
+            with torch.no_grad():  # warm-up (CUDA/cuBLAS init) on a short generation, then the timed run
+                pm.generate(**recipe_inputs, generation_config=trl_generation_config(tok, 16),
+                            disable_compile=True)
+            run_variant("trl_default", B, trl_default, recipe_inputs)
+        elif name == "hf_static_cache_compiled":
+            run_variant(name, B, hf_static_compiled, recipe_inputs)
+        elif name in options:
+            engines[name] = fast(**options[name])
+            run_variant(name, B, engines[name], recipe_inputs)
+        else:
+            raise SystemExit(f"unknown variant {name}")
+    main_engine = engines.get("fastgen") or fast(**options["fastgen"])
     for nb in [int(x) for x in args.big_batches.split(",") if x]:
         inp = batch_inputs(nb, seed=2)
-        if nb <= 64:
-            run_variant("trl_default", nb, trl_default, inp)
-        run_variant("fastgen_merged_compiled", nb, merged, inp)
+        run_variant("fastgen", nb, main_engine, inp)
     try:
-        data["same_function_check"] = check_same_function(pm, merged.engine, recipe_inputs)
+        data["same_function_check"] = check_same_function(pm, main_engine.engine, recipe_inputs)
     except Exception as exc:
         traceback.print_exc()
         data["same_function_check"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}

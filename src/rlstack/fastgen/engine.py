@@ -137,6 +137,44 @@ def sample_next(logits: Any, sampling: Sampling, step: int, generator: Any = Non
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
 
+ATTN_NAME = "rlstack_fastgen"
+
+
+def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """Attention for the shadow decoder. Decode steps (one query token) use grouped matmuls that read each KV head
+    once; transformers' sdpa path with a padding mask first materializes K/V repeated to every query head
+    (repeat_kv), which for a static cache is ~4x the cache's bytes written and read again per step. Prefill
+    (several query tokens) goes to transformers' own sdpa function unchanged."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, q, d = query.shape
+    if q != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    kv = key.shape[1]
+    g = h // kv
+    scale = scaling if scaling is not None else d ** -0.5
+    qg = query.reshape(b, kv, g, d)
+    scores = torch.matmul(qg, key.transpose(-1, -2)).float() * scale  # [b, kv, g, L]
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :]  # [b, 1, 1, L]; bool (keep) or additive float
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    probs = scores.softmax(dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # [b, kv, g, d]
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, gqa_decode_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    return ATTN_NAME
+
+
 def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
@@ -146,16 +184,17 @@ class _Shadow:
     other tensors are shared with (or, where their dtype differs from the generation dtype, cast copies of) the
     trained model. ``refresh()`` recomputes the merged weights in place, so compiled graphs stay valid."""
 
-    def __init__(self, peft_model: Any, dtype: Any) -> None:
+    def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True) -> None:
         import copy
 
         import torch
         from peft.tuners.lora import LoraLayer
 
-        lora_root = peft_model.get_base_model()  # the transformers model with LoRA modules inside
+        # the transformers model (with LoRA modules inside when it is a PEFT model)
+        lora_root = peft_model.get_base_model() if _is_peft(peft_model) else peft_model
         config = copy.deepcopy(lora_root.config)
         config.use_cache = True
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = _register_attention() if gqa_attention else "sdpa"
         self.dtype = dtype
         with torch.device("meta"):
             shadow = type(lora_root)(config)
@@ -256,38 +295,52 @@ def _round_up(n: int, m: int) -> int:
 class FastGenerator:
     """Generate completions for a (PEFT or plain) causal LM with a static KV cache and a compiled decode step.
 
-    One instance per model (see ``get_engine``); it keeps one StaticCache per (batch, bucketed length) so repeated
-    GRPO steps replay the same CUDA graphs. ``merge_lora=True`` decodes with a shadow of merged weights;
-    ``merge_lora=False`` decodes through the PEFT modules themselves (no extra memory, extra LoRA matmuls).
+    One instance per model (see ``get_engine``); it keeps one StaticCache (and one captured CUDA graph) per
+    (batch, bucketed length) so repeated GRPO steps replay the same graph.
+
+    * ``merge_lora=True`` decodes with a shadow of merged weights (plain models get a shadow that shares every
+      tensor, so the custom decode attention can be used without touching the caller's model);
+      ``merge_lora=False`` decodes through the PEFT modules themselves (no extra memory, extra LoRA matmuls).
+    * ``graph="manual"``: inductor-compiled decode step captured once into a torch.cuda.CUDAGraph and replayed
+      (Python runs only sampling between replays); ``"trees"``: torch.compile(mode="reduce-overhead") cudagraph
+      trees; ``"none"``: compiled kernels launched from Python. ``compile=False``: eager (CPU default).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
-                 length_bucket: int = 128, compile_mode: str = "reduce-overhead") -> None:
+                 length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
+                 compile_mode: str | None = None) -> None:
         import torch
 
         self.model = model
         param = next(model.parameters())
         self.device = param.device
         self.compile = (self.device.type == "cuda") if compile is None else compile
+        self.graph = graph if (self.compile and self.device.type == "cuda") else "none"
+        if self.graph not in ("manual", "trees", "none"):
+            raise FastgenError(f"fastgen: unknown graph mode {graph!r}", "use manual, trees or none")
         self.length_bucket = length_bucket
         self.peft = _is_peft(model)
         self.merge_lora = merge_lora and self.peft
         self.dtype = _generation_dtype(model)
         self._shadow: _Shadow | None = None
         self._caches: dict[tuple[int, int], Any] = {}
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._pool: Any = None
         self.compiles = 0
         self.compile_error: str | None = None
+        self.graph_error: str | None = None
         self._compiled_ok = False
-        if self.merge_lora:
-            self._shadow = _Shadow(model, self.dtype)
+        if self.merge_lora or not self.peft:
+            self._shadow = _Shadow(model, self.dtype, gqa_attention=gqa_attention)
             self.decoder = self._shadow.model
         else:
-            self.decoder = model.get_base_model() if self.peft else model
+            self.decoder = model.get_base_model()
         if self.compile:
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._step = torch.compile(self._decode, mode=compile_mode, fullgraph=False, dynamic=False)
+            mode = compile_mode or ("reduce-overhead" if self.graph == "trees" else None)
+            self._step = torch.compile(self._decode, mode=mode, fullgraph=False, dynamic=False)
         else:
             self._step = self._decode
 
@@ -296,18 +349,24 @@ class FastGenerator:
                            past_key_values=cache, use_cache=True)
         return out.logits[:, -1, :].float()
 
+    @staticmethod
+    def _lengths(cache: Any) -> list[Any]:
+        import torch
+
+        return [layer.cumulative_length for layer in cache.layers
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
     def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any) -> Any:
-        """One decode step; if compilation itself fails (an unsupported model or torch build), fall back to eager
-        decoding once, with a warning, rather than failing the training run. The cache is rolled back first
-        because the failed call may have written this step's keys and values."""
+        """One decode step through the compiled function; if compilation itself fails (an unsupported model or
+        torch build), fall back to eager decoding, with a warning, rather than failing the training run. The
+        cache length is rolled back first because the failed call may have advanced it."""
         if not self.compile:
             return self._decode(input_ids, attention_mask, position_ids, cache)
         import torch
 
-        torch.compiler.cudagraph_mark_step_begin()
-        snapshot = None if self._compiled_ok else [
-            layer.cumulative_length.clone() for layer in cache.layers if hasattr(layer, "cumulative_length")
-            and isinstance(layer.cumulative_length, torch.Tensor)]
+        if self.graph == "trees":
+            torch.compiler.cudagraph_mark_step_begin()
+        snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
         try:
             out = self._step(input_ids, attention_mask, position_ids, cache)
             self._compiled_ok = True
@@ -321,25 +380,73 @@ class FastGenerator:
             logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s",
                                                 self.compile_error)
             self.compile = False
+            self.graph = "none"
             self._step = self._decode
-            lengths = [layer.cumulative_length for layer in cache.layers if hasattr(layer, "cumulative_length")
-                       and isinstance(layer.cumulative_length, torch.Tensor)]
-            for cur, old in zip(lengths, snapshot or [], strict=False):
+            for cur, old in zip(self._lengths(cache), snapshot or [], strict=False):
                 cur.copy_(old)
             return self._decode(input_ids, attention_mask, position_ids, cache)
+
+    def _captured(self, key: tuple[int, int], cache: Any, mask: Any) -> Any:
+        """The CUDA graph of one decode step for this cache (captured on first use, right after a prefill, so the
+        warm-up runs see a valid cache; their writes land in the slot the first real step overwrites, and the
+        cache length is restored). None when capture is impossible (recorded in graph_error)."""
+        if key in self._graphs:
+            return self._graphs[key]
+        import torch
+
+        batch = key[0]
+        tok = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
+        pos = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
+        lengths = self._lengths(cache)
+        snap = [t.clone() for t in lengths]
+        entry = None
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    for cur, old in zip(lengths, snap, strict=True):
+                        cur.copy_(old)
+                    self._decode_step(tok, mask, pos, cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            for cur, old in zip(lengths, snap, strict=True):
+                cur.copy_(old)
+            if self.compile:  # the warm-up may have fallen back to eager; capture whatever step we have
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self._pool):
+                    out = self._step(tok, mask, pos, cache)
+                entry = (g, tok, pos, out)
+        except Exception as exc:
+            self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            import logging
+
+            logging.getLogger(__name__).warning("fastgen: CUDA graph capture failed, launching kernels: %s",
+                                                self.graph_error)
+            entry = None
+        torch.cuda.synchronize()
+        for cur, old in zip(lengths, snap, strict=True):
+            cur.copy_(old)
+        self._graphs[key] = entry
+        return entry
 
     def _cache(self, batch: int, length: int) -> Any:
         from transformers import StaticCache
 
         key = (batch, length)
-        cache = self._caches.get(key)
-        if cache is None:
+        entry = self._caches.get(key)
+        if entry is None:
+            import torch
+
             cache = StaticCache(config=self.decoder.config, max_cache_len=length)
-            self._caches[key] = cache
+            mask = torch.ones((batch, length), dtype=torch.long, device=self.device)
+            entry = (cache, mask)
+            self._caches[key] = entry
             self.compiles += 1
         else:
-            cache.reset()
-        return cache
+            entry[0].reset()
+        return entry
 
     def generate(self, input_ids: Any, attention_mask: Any | None, max_new_tokens: int,
                  sampling: Sampling | None = None, generator: Any = None) -> Any:
@@ -351,14 +458,13 @@ class FastGenerator:
         if input_ids.dim() != 2:
             raise FastgenError("fastgen expects input_ids of shape [batch, prompt_len]", "")
         input_ids = input_ids.to(self.device)
-        _batch, prompt_len = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         attention_mask = attention_mask.to(self.device)
         if bool((attention_mask[:, -1] == 0).any()):
             raise FastgenError("fastgen needs left-padded prompts (a row ends with padding)",
                                "tokenize with padding_side='left', as TRL does")
-        total = _round_up(prompt_len + max_new_tokens, self.length_bucket)
+        total = _round_up(input_ids.shape[1] + max_new_tokens, self.length_bucket)
         was_training = self.decoder.training
         if self._shadow is not None:
             self._shadow.refresh()
@@ -377,8 +483,8 @@ class FastGenerator:
         import torch
 
         batch, prompt_len = input_ids.shape
-        cache = self._cache(batch, total)
-        full_mask = torch.ones((batch, total), dtype=attention_mask.dtype, device=self.device)
+        cache, full_mask = self._cache(batch, total)
+        full_mask.fill_(1)
         full_mask[:, :prompt_len] = attention_mask
         positions = attention_mask.long().cumsum(-1) - 1
         positions = positions.masked_fill(attention_mask == 0, 1)
@@ -387,6 +493,8 @@ class FastGenerator:
                            past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :].float()
         del out
+        captured = self._captured((batch, total), cache, full_mask) \
+            if self.graph == "manual" and max_new_tokens > 1 else None
         tokens = torch.full((batch, max_new_tokens), sampling.pad_token_id, dtype=input_ids.dtype,
                             device=self.device)
         eos = torch.tensor(sampling.eos_token_ids, dtype=input_ids.dtype, device=self.device) \
@@ -404,13 +512,20 @@ class FastGenerator:
             if eos is not None and k % 16 == 15 and not bool(unfinished.any()):
                 steps_done = k + 1
                 break
-            logits = self._decode_step(tok[:, None], full_mask, (next_pos + k)[:, None], cache)
+            if captured is not None:
+                graph, tok_in, pos_in, logits_out = captured
+                tok_in.copy_(tok[:, None])
+                pos_in.copy_((next_pos + k)[:, None])
+                graph.replay()
+                logits = logits_out
+            else:
+                logits = self._decode_step(tok[:, None], full_mask, (next_pos + k)[:, None], cache)
         tokens = tokens[:, :steps_done]
         if eos is not None and steps_done > 0:
             # like generate: stop at the step where the last row finished
             is_eos = torch.isin(tokens, eos)
-            first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], steps_done - 1,
-                                                                                       dtype=torch.long))
+            first = torch.where(is_eos.any(1), is_eos.int().argmax(1),
+                                torch.full_like(is_eos[:, 0], steps_done - 1, dtype=torch.long))
             tokens = tokens[:, : int(first.max()) + 1]
         return torch.cat([input_ids, tokens], dim=1)
 
