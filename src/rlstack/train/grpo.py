@@ -19,7 +19,7 @@ from typing import Any
 from rlstack import adapters, prompt
 from rlstack.errors import RlstackError
 from rlstack.recipes import Recipe
-from rlstack.train import metrics
+from rlstack.train import checkpoints, metrics
 
 
 @dataclass
@@ -37,8 +37,9 @@ def runs_root() -> Path:
 
 
 def last_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    return max(ckpts, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    """The newest checkpoint that was sealed after a complete save (see train/checkpoints.py)."""
+    sealed = checkpoints.sealed_checkpoints(run_dir / "checkpoints")
+    return sealed[-1] if sealed else None
 
 
 def find_resumable(recipe: Recipe) -> Path | None:
@@ -182,14 +183,19 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         args=config,
         train_dataset=dataset,
         processing_class=loaded.tokenizer,
-        callbacks=[callback],
+        callbacks=[callback, checkpoints.make_seal_callback()],
     )
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our progress line replaces the raw log dicts
     print(f"rlstack train: {recipe.name}: {loaded.base_model} via {loaded.loader} on {loaded.device}, "
           f"{recipe.grpo.max_steps} steps, {len(dataset)} prompts -> {run_dir}", file=sys.stderr, flush=True)
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    checkpoints.quarantine_torn(run_dir / "checkpoints")
+    with checkpoints.disk_full_guard(
+        run_dir, "training (writing a checkpoint or metrics)",
+        "free disk space, then run the same command with --resume: it continues from the last sealed checkpoint",
+    ):
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     rows = metrics.read_rows(metrics_path)
     png = metrics.plot_rewards(metrics_path, run_dir / "reward_curve.png", list(recipe.rewards),
@@ -203,11 +209,13 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         trainer.model.save_pretrained(str(folder))
         loaded.tokenizer.save_pretrained(str(folder))
 
-    manifest = adapters.write_adapter(
-        root, name, fill, base_model=loaded.base_model,
-        recipe={**recipe.model_dump(mode="json"), "prompt_version": prompt.PROMPT_VERSION},
-        metrics=summary, overwrite=overwrite or resume,
-    )
+    with checkpoints.disk_full_guard(root, f"writing adapter {name}",
+                                     "free disk space, then --resume: only the adapter is written again"):
+        manifest = adapters.write_adapter(
+            root, name, fill, base_model=loaded.base_model,
+            recipe={**recipe.model_dump(mode="json"), "prompt_version": prompt.PROMPT_VERSION},
+            metrics=summary, overwrite=overwrite or resume,
+        )
     (run_dir / "DONE").write_text(str(root / name) + "\n")
     wall = time.perf_counter() - t0
     print(f"rlstack train: adapter {root / name} (reward {summary.get('reward_first')} -> "

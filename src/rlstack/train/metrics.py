@@ -17,9 +17,22 @@ KEEP = ("loss", "reward", "reward_std", "kl", "entropy", "grad_norm", "learning_
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The history. A kill can tear the last line mid-write: that line is dropped (its step is re-run on
+    resume); a bad line anywhere else means the file was damaged, and the error names it."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            from rlstack.errors import RlstackError
+
+            raise RlstackError(f"{path}:{n}: not a JSON metrics row", "restore the file or start a new run") from None
+    return rows
 
 
 def truncate_after(path: Path, step: int) -> int:
