@@ -53,7 +53,10 @@ class Match:
 
 
 def load(path: Path = SIGNATURES_FILE) -> list[Signature]:
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RlstackError(f"{path}: not valid YAML: {exc}") from None
     out = []
     for n, item in enumerate(data.get("signatures", [])):
         try:

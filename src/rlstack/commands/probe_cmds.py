@@ -1,0 +1,151 @@
+"""`rlstack probe`, `rlstack probe-fp8`, `rlstack diagnose` and `rlstack matrix`: probes, failure
+signatures and the compat matrix (host side for the static layers; any machine for the runtime layer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rlstack.errors import RlstackError
+
+FP8_QUESTION = "FP8 GRPO (Unsloth load_in_fp8 + vLLM rollouts, fp8 stack) on {arch}"
+
+
+def _layers(spec: str | None) -> list[str] | None:
+    return [x.strip() for x in spec.split(",") if x.strip()] if spec else None
+
+
+def _write_json(report: object, path: Path | None) -> None:
+    text = report.model_dump_json(indent=2)  # type: ignore[attr-defined]
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from rlstack.probes import report as rep
+    from rlstack.probes import suite
+
+    r = suite.run(args.stack, layers=_layers(args.layer), gpu_arch=args.gpu_arch,
+                  with_stacks=[s for s in (args.with_stack or "").split(",") if s], fresh=args.fresh)
+    if args.json:
+        _write_json(r, args.output)
+    else:
+        print(rep.table(r))
+        if r.failed:
+            print()
+            print(rep.verdict(r, f"stack {r.stack}"))
+        if args.output:
+            _write_json(r, args.output)
+    rc = 1 if r.failed else 0
+    if args.suggest:
+        rc = max(rc, _suggest(args.stack, args.gpu_arch or "sm_120", args.max_candidates))
+    return rc
+
+
+def _suggest(stack: str, arch: str, bound: int) -> int:
+    from rlstack.probes import suggest
+
+    best, tried = suggest.search(stack, gpu_arch=arch, max_candidates=bound)
+    print()
+    print(suggest.render(stack, arch, best, tried, bound))
+    return 0 if best else 1
+
+
+def cmd_probe_fp8(args: argparse.Namespace) -> int:
+    from rlstack.probes import report as rep
+    from rlstack.probes import suite
+
+    r = suite.run("fp8", layers=_layers(args.layer), gpu_arch=args.gpu_arch, with_stacks=["portable"],
+                  fresh=args.fresh)
+    if args.output:
+        _write_json(r, args.output)
+    if args.json:
+        _write_json(r, None)
+    else:
+        print(rep.table(r))
+        print()
+        print(rep.verdict(r, FP8_QUESTION.format(arch=args.gpu_arch)))
+    rc = 1 if r.failed else 0
+    if args.suggest:
+        _suggest("fp8", args.gpu_arch, args.max_candidates)
+    return rc
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from rlstack.probes import signatures
+
+    try:
+        text = sys.stdin.read() if str(args.log) == "-" else args.log.read_text(errors="replace")
+    except FileNotFoundError:
+        raise RlstackError(f"{args.log}: no such log file") from None
+    hits = signatures.diagnose(text)
+    if args.json:
+        print(json.dumps([{"wall": h.signature.id, "line": h.line, "excerpt": h.excerpt, "title": h.signature.title,
+                           "explanation": h.signature.explanation, "fix": h.signature.fix} for h in hits], indent=2))
+        return 1 if hits else 0
+    if not hits:
+        print(f"no known failure signature in {args.log} ({len(text.splitlines())} lines)")
+        return 0
+    for h in hits:
+        print(f"[{h.signature.id}] line {h.line}: {h.signature.title}")
+        print(f"  log: {h.excerpt}")
+        print(f"  why: {h.signature.explanation}")
+        print(f"  fix: {h.signature.fix}")
+    return 1
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from rlstack import matrix
+
+    path = args.file or matrix.matrix_path()
+    m = matrix.merge(args.results, path) if args.results else matrix.load(path)
+    if args.results:
+        print(f"merged {len(args.results)} result file(s) into {path} ({len(m.rows)} rows)")
+    if args.check:
+        print(f"{path}: {len(m.rows)} rows, schema ok")
+        return 0
+    for p in matrix.render(m, readme=not args.no_readme):
+        print(f"wrote {p}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="run a stack's probes (resolve, contract, toolchain, runtime)")
+    p.add_argument("--stack", required=True, help="stack name")
+    p.add_argument("--gpu-arch", help="target GPU arch, e.g. sm_120 (default: each of the stack's gpu_archs)")
+    p.add_argument("--layer", help="comma-separated layers (default: all): resolve,contract,toolchain,runtime")
+    p.add_argument("--with", dest="with_stack", help="also check co-installing with these stacks (comma-separated)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (or write it with -o)")
+    p.add_argument("-o", "--output", type=Path, help="write the JSON report to this file")
+    p.add_argument("--fresh", action="store_true", help="ignore cached resolutions")
+    p.add_argument("--suggest", action="store_true", help="search nearby versions for a passing combination")
+    p.add_argument("--max-candidates", type=int, default=12, help="bound of the --suggest search")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("probe-fp8", help="the report's FP8 RL question: all layers for the fp8 stack, a verdict")
+    p.add_argument("--gpu-arch", default="sm_120", help="target GPU arch (default sm_120, the report's RTX 5090)")
+    p.add_argument("--layer", help="comma-separated layers (default: all)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-o", "--output", type=Path, help="also write the JSON report to this file")
+    p.add_argument("--fresh", action="store_true", help="ignore cached resolutions")
+    p.add_argument("--suggest", action="store_true", help="search nearby versions for a passing combination")
+    p.add_argument("--max-candidates", type=int, default=12, help="bound of the --suggest search")
+    p.set_defaults(func=cmd_probe_fp8)
+
+    p = sub.add_parser("diagnose", help="name the known walls in a log (signatures.yaml)")
+    p.add_argument("log", type=Path, help="log file, or - for stdin")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("matrix", help="merge probe JSON into compat_matrix.yaml and render README + HTML")
+    p.add_argument("results", nargs="*", type=Path, help="probe report JSON files (rlstack probe --json -o)")
+    p.add_argument("--file", type=Path, help="matrix file (default: compat_matrix.yaml in the project)")
+    p.add_argument("--check", action="store_true", help="only validate the file")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite the README section")
+    p.set_defaults(func=cmd_matrix)
