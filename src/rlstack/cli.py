@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "rlstack.commands.stack_cmds",
     "rlstack.commands.image_cmds",
     "rlstack.commands.payload_cmds",
+    "rlstack.commands.probe_cmds",
 ]
 
 
