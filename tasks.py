@@ -221,6 +221,54 @@ def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "
 
 # --- probes and the compat matrix (issue: probes) ---------------------------------------------------
 
+
+@task(help={"stack": "stack name (required)", "gpu_arch": "target GPU arch, e.g. sm_120 (default: each of the stack's)",
+            "layer": "comma-separated layers: resolve,contract,toolchain,runtime (default: all)",
+            "json": "print the report as JSON", "output": "also write the JSON report to this file",
+            "with_stack": "also check co-installing with these stacks (comma-separated)",
+            "suggest": "search nearby versions for a combination that passes the static probes",
+            "max_candidates": "bound of the --suggest search", "fresh": "ignore cached resolutions"})
+@friendly
+def probe(c: Context, stack: str, gpu_arch: str = "", layer: str = "", json: bool = False, output: str = "",
+          with_stack: str = "", suggest: bool = False, max_candidates: int = 12, fresh: bool = False) -> int:
+    """Run a stack's probes; prints a table (or JSON) and exits non-zero when a probe fails."""
+    return _cli("probe", "--stack", stack, *(["--gpu-arch", gpu_arch] if gpu_arch else []),
+                *(["--layer", layer] if layer else []), "--json" if json else "", *(["-o", output] if output else []),
+                *(["--with", with_stack] if with_stack else []), "--suggest" if suggest else "",
+                "--max-candidates", str(max_candidates), "--fresh" if fresh else "")
+
+
+@task(name="probe-fp8",
+      help={"gpu_arch": "target GPU arch (default sm_120, the report's RTX 5090)",
+            "layer": "comma-separated layers (default: all)", "json": "print the report as JSON",
+            "output": "also write the JSON report to this file",
+            "suggest": "search nearby versions for a combination that passes the static probes",
+            "max_candidates": "bound of the --suggest search", "fresh": "ignore cached resolutions"})
+@friendly
+def probe_fp8(c: Context, gpu_arch: str = "sm_120", layer: str = "", json: bool = False, output: str = "",
+              suggest: bool = False, max_candidates: int = 12, fresh: bool = False) -> int:
+    """The report's FP8 RL question end to end: every layer for the fp8 stack, then a verdict naming each wall."""
+    return _cli("probe-fp8", "--gpu-arch", gpu_arch, *(["--layer", layer] if layer else []), "--json" if json else "",
+                *(["-o", output] if output else []), "--suggest" if suggest else "",
+                "--max-candidates", str(max_candidates), "--fresh" if fresh else "")
+
+
+@task(help={"log": "the log file to read (- for stdin)", "json": "machine-readable output"})
+@friendly
+def diagnose(c: Context, log: str, json: bool = False) -> int:
+    """Name the known walls in any log (signatures.yaml): the wall, why, and the fix. Exits 1 when one matches."""
+    return _cli("diagnose", log, "--json" if json else "")
+
+
+@task(help={"results": "comma-separated probe JSON files to merge (rlstack probe --json -o FILE)",
+            "check": "only validate compat_matrix.yaml", "no_readme": "do not rewrite the README section"})
+@friendly
+def matrix(c: Context, results: str = "", check: bool = False, no_readme: bool = False) -> int:
+    """Merge probe results into compat_matrix.yaml; render the README section and docs/compat_matrix.html."""
+    return _cli("matrix", *[r for r in results.split(",") if r], "--check" if check else "",
+                "--no-readme" if no_readme else "")
+
+
 # --- CI (issue: CI) ---------------------------------------------------------------------------------
 
 
