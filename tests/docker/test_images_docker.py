@@ -205,3 +205,57 @@ def test_gpu_stack_without_nvidia_runtime_names_the_toolkit(engine: dict[str, ob
     spec = containers.RunSpec(image="rlstack/portable:latest", argv=("train",), gpus=True)
     with pytest.raises(DockerError, match="nvidia-container-toolkit"):
         containers.run(spec)
+
+
+def _wait_for(cmd: list[str], until: float, pred: object) -> str:
+    import time
+
+    while time.monotonic() < until:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+        if pred(out):  # type: ignore[operator]
+            return out
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting on {' '.join(cmd)}")
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: stacks.Stack,
+                                                     volumes: Volumes) -> None:
+    """SIGTERM then SIGKILL a training container after its first checkpoint; --resume in a new container
+    continues with one metrics row per step, and no adapter is visible before the run completes."""
+    import time
+
+    name = f"rlstack-test-kill-{uuid.uuid4().hex[:8]}"
+    base = ["--adapter-name", "k1", "--set", "grpo.save_steps=2", "--set", "grpo.max_steps=6"]
+    spec = replace(containers.spec_for(cpu_stack, cpu_image, containers.train_argv("recipes/smoke-cpu.toml", (), base),
+                                       volumes=volumes, environ={}, cwd=Path("/nonexistent")), name=name)
+    proc = subprocess.Popen(containers.run_command(spec, docker.client()), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for([docker.client(), "exec", name, "ls", "/opt/rlstack/runs/train/k1/checkpoints"],
+                  time.monotonic() + 600, lambda out: "checkpoint-2" in out)
+        _docker("kill", "--signal", "TERM", name, check=False)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _docker("kill", name, check=False)  # SIGKILL
+            proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            _docker("kill", name, check=False)
+            proc.wait(timeout=60)
+    assert proc.returncode != 0  # it was interrupted, not finished
+
+    ls = replace(spec, name=None, entrypoint="sh", argv=("-c", "ls -A /adapters"), adapters_read_only=True)
+    assert _run(ls).stdout.split() == [] or all(e.startswith(".") for e in _run(ls).stdout.split())
+
+    resumed = replace(spec, name=None, argv=(*spec.argv, "--resume"))
+    out = _run(resumed)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming k1 from checkpoint-" in out.stderr
+    cat = replace(spec, name=None, entrypoint="cat", argv=("/opt/rlstack/runs/train/k1/metrics.jsonl",))
+    steps = [json.loads(line)["step"] for line in _run(cat).stdout.splitlines() if line.strip()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    check = replace(spec, name=None, argv=("adapters", "--json", "--verify"), adapters_read_only=True)
+    manifests = json.loads(_run(check).stdout)
+    assert [m["name"] for m in manifests] == ["k1"] and manifests[0]["metrics"]["steps"] == 6
