@@ -1,0 +1,78 @@
+"""Runtime probes skip with their reason where they cannot run; resolve probes name the conflicting pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlstack import lock
+from rlstack.probes import resolve, runtime
+from rlstack.stacks import load_stack
+
+
+def test_runtime_probes_skip_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (False, "no NVIDIA GPU on this machine"))
+    results = runtime.run_all()
+    assert [r.id for r in results] == [f"runtime:{n}" for n in runtime.BODIES]
+    assert all(r.status == "skip" and r.reason for r in results)
+
+
+def test_runtime_probe_skips_when_a_package_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "_have", lambda mod: mod != "vllm")
+    res = runtime.run_probe("vllm-lora")
+    assert res.status == "skip" and "vllm not installed" in res.reason
+
+
+def test_runtime_child_failure_is_diagnosed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe whose process dies: the log's signature names the wall (the child here is a stand-in body)."""
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    import subprocess
+    import sys
+
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        return real_run([sys.executable, "-c", "import sys; print('AttributeError: '"
+                               "\"'LRUCacheWorkerLoRAManager' object has no attribute 'get_dummy_lora_warmup_rank'\"); "
+                               "sys.exit(1)"], **kw)
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    res = runtime.run_probe("vllm-lora")
+    assert res.status == "fail" and res.signature == "lora-warmup-rank" and res.fix
+
+
+def test_coinstall_conflict_names_the_torch_pins(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = ("error: No solution found when resolving dependencies\n  cause: Because vllm==0.21.0 depends on "
+            "torch==2.11.0 and you require torch==2.10.0, we can conclude that your requirements are unsatisfiable.")
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    seen = {}
+
+    def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
+        seen["reqs"] = reqs
+        return lock.Resolution(False, text, ["uv", "pip", "compile"])
+
+    monkeypatch.setattr(lock, "resolve", fake_resolve)
+    res = resolve.probe_coinstall(load_stack("portable"), load_stack("fp8"))
+    assert res.status == "fail" and res.signature == "torch-pin-conflict"
+    assert "vllm==0.21.0" in res.reason and "torch==2.10.0" in res.reason and "torch==2.11.0" in res.reason
+    # the base stack's torch pin is in, the other stack's own torch pin is left to its packages
+    assert "torch==2.10.0" in seen["reqs"] and "torch==2.11.0" not in seen["reqs"]
+
+
+def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    calls = []
+
+    def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return lock.Resolution(True, "a==1\nb==2\n", ["uv"])
+
+    monkeypatch.setattr(lock, "resolve", fake_resolve)
+    cpu = load_stack("cpu")
+    assert resolve.probe_stack(cpu).status == "pass"
+    assert resolve.probe_stack(cpu).status == "pass"
+    assert len(calls) == 1
+    resolve.probe_stack(cpu, fresh=True)
+    assert len(calls) == 2
