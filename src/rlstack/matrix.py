@@ -197,7 +197,12 @@ def merge(files: Iterable[Path], path: Path | None = None) -> Matrix:
 
 # --- rendering -------------------------------------------------------------------------------------------
 
-STATUS_MARK = {"pass": "✅", "fail": "❌", "skip": "–"}
+STATUS_MARK = {"pass": "pass", "fail": "FAIL", "skip": "skip"}  # words: emoji fonts are not everywhere
+
+
+def _column(row: Row, probe_id: str) -> str:
+    """One column for each stack's own resolve probe (its id carries the stack's name)."""
+    return "resolve:(own stack)" if probe_id == f"resolve:{row.stack}" else probe_id
 
 
 def _summary(r: Row) -> tuple[int, int, int, str]:
@@ -224,13 +229,13 @@ def render_markdown(m: Matrix) -> str:
 def render_html(m: Matrix) -> str:
     e = html.escape
     rows = sorted_rows(m.rows)
-    probe_ids = sorted({p.id for r in rows for p in r.probes}, key=lambda i: (
+    probe_ids = sorted({_column(r, p.id) for r in rows for p in r.probes}, key=lambda i: (
         ["resolve", "contract", "toolchain", "runtime"].index(i.split(":")[0]) if i.split(":")[0] in
         ("resolve", "contract", "toolchain", "runtime") else 9, i))
     head = "".join(f"<th class='probe'><span>{e(i)}</span></th>" for i in probe_ids)
     body = []
     for r in rows:
-        cells = {p.id: p for p in r.probes}
+        cells = {_column(r, p.id): p for p in r.probes}
         tds = []
         for i in probe_ids:
             p = cells.get(i)
@@ -259,7 +264,7 @@ th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: center; vertical
 th.probe {{ height: 220px; white-space: nowrap; padding: 0 4px; }}
 th.probe span {{ writing-mode: vertical-rl; transform: rotate(180deg); font-weight: normal; font-size: 12px; }}
 td.pass {{ background: #d9f2d9; }} td.fail {{ background: #f8d0d0; }} td.skip {{ background: #eee; color: #777; }}
-td small {{ font-size: 10px; }}
+td small {{ font-size: 10px; }} td {{ white-space: nowrap; }} td.fail {{ font-weight: bold; }}
 li.fail {{ color: #900; }} li.skip {{ color: #777; }}
 details {{ margin: .5em 0; }}
 </style></head><body>

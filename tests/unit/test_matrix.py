@@ -1,0 +1,146 @@
+"""compat_matrix.yaml: schema errors name the row and field, merges keep every row (also when several
+processes merge at once), rendering touches only the README section, and the HTML page renders in a real
+headless Chromium."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlstack import matrix
+from rlstack.probes.model import Evidence, ProbeReport, ProbeResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def report(stack: str = "fp8", arch: str = "sm_90", lock: str = "ab" * 32, date: str = "2026-12-02T10:00:00Z",
+           results: list[tuple[str, str]] | None = None, driver: str | None = "570.1") -> ProbeReport:
+    res = [ProbeResult(id=i, layer=i.split(":")[0], status=s, reason=f"{i} {s}",  # type: ignore[arg-type]
+                       evidence=[Evidence(text="ev", file="a.py", line=3)],
+                       signature="cuda-oom" if s == "fail" else None)
+           for i, s in (results or [("runtime:cuda-init", "pass"), ("runtime:fp8-matmul", "fail")])]
+    return ProbeReport(stack=stack, lock_hash=lock, gpu_arch=arch, toolkit="12.8.61", torch_cuda="13.0", driver=driver,
+                       host="h", date=date, layers=["runtime"], results=res, duration_s=1.0)
+
+
+def test_shipped_matrix_validates_and_has_reported_rows() -> None:
+    m = matrix.load(ROOT / "compat_matrix.yaml")
+    reported = [r for r in m.rows if r.source == "reported"]
+    assert reported and all(r.cite and r.cite.endswith("fp8-rl-grpo-report.md") for r in reported)
+    assert any(r.stack == "fp8" and r.gpu_arch == "sm_120" and any(p.status == "fail" for p in r.probes)
+               for r in reported)
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("rows:\n- {stack: fp8, source: measured, date: '2026-01-01', lock_hash: " + "a" * 64 + ", gpu_arch: sm90}\n",
+     "row 0 (stack fp8): field 'gpu_arch'"),
+    ("rows:\n- {stack: fp8, source: reported, date: '2026-01-01'}\n",
+     "row 0 (stack fp8): field '(row)': Value error, a reported row must cite"),
+    ("rows:\n- {stack: ok, source: reported, date: '2026-01-01', cite: r}\n"
+     "- {stack: cpu, source: measured, date: '2026-01-01', lock_hash: " + "a" * 64 +
+     ", probes: [{id: x, status: maybe}]}\n", "row 1 (stack cpu): field 'probes.0.status'"),
+    ("rows:\n- {stack: fp8, source: guessed, date: '2026-01-01'}\n", "row 0 (stack fp8): field 'source'"),
+    ("rows: [1, 2\n", "not valid YAML"),
+])
+def test_malformed_matrix_names_row_and_field(text: str, expect: str) -> None:
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.parse(text, "m.yaml")
+    assert expect in str(exc.value)
+
+
+def test_merge_by_key_updates_probes_and_keeps_other_rows(tmp_path: Path) -> None:
+    path = tmp_path / "compat_matrix.yaml"
+    shutil.copy(ROOT / "compat_matrix.yaml", path)
+    before = matrix.load(path).rows
+    f1 = tmp_path / "a.json"
+    f1.write_text(report().model_dump_json())
+    matrix.merge([f1], path)
+    f2 = tmp_path / "b.json"
+    f2.write_text(report(date="2026-12-03T10:00:00Z", results=[("runtime:fp8-matmul", "pass"),
+                                                               ("runtime:bnb-4bit", "pass")]).model_dump_json())
+    m = matrix.merge([f2], path)
+    assert len(m.rows) == len(before) + 1
+    row = next(r for r in m.rows if r.source == "measured")
+    assert {p.id: p.status for p in row.probes} == {"runtime:cuda-init": "pass", "runtime:fp8-matmul": "pass",
+                                                   "runtime:bnb-4bit": "pass"}
+    assert row.date.startswith("2026-12-03")
+    # an older result does not overwrite a newer one
+    matrix.merge([f1], path)
+    row = next(r for r in matrix.load(path).rows if r.source == "measured")
+    assert {p.id: p.status for p in row.probes}["runtime:fp8-matmul"] == "pass"
+    # another driver is another row
+    f3 = tmp_path / "c.json"
+    f3.write_text(report(driver="580.2").model_dump_json())
+    assert len(matrix.merge([f3], path).rows) == len(before) + 2
+
+
+def _merge_one(args: tuple[str, str, int]) -> None:
+    path, folder, n = args
+    f = Path(folder) / f"r{n}.json"
+    f.write_text(report(arch=f"sm_{80 + n}", results=[(f"runtime:p{n}", "pass")]).model_dump_json())
+    matrix.merge([f], Path(path))
+
+
+def test_concurrent_merges_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "compat_matrix.yaml"
+    path.write_text("rows: []\n")
+    n = 12
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        pool.map(_merge_one, [(str(path), str(tmp_path), i) for i in range(n)])
+    m = matrix.load(path)
+    assert sorted(r.gpu_arch for r in m.rows) == sorted(f"sm_{80 + i}" for i in range(n))
+
+
+def test_bad_probe_file_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "x.json"
+    f.write_text('{"stack": 1}')
+    with pytest.raises(matrix.MatrixError, match="not a probe report"):
+        matrix.merge([f], tmp_path / "m.yaml")
+
+
+def test_render_replaces_only_between_markers(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("# title\nbefore\n<!-- compat-matrix:start -->\nold\n"
+                                        "<!-- compat-matrix:end -->\nafter\n")
+    m = matrix.Matrix(rows=[matrix.row_from_report(report())])
+    matrix.render(m, root=tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# title\nbefore\n<!-- compat-matrix:start -->\n| stack |")
+    assert text.endswith("<!-- compat-matrix:end -->\nafter\n") and "old" not in text
+    assert "cuda-oom" in text
+    page = (tmp_path / "docs" / "compat_matrix.html").read_text()
+    assert "runtime:fp8-matmul" in page and "<td class='fail'" in page
+    matrix.render(m, root=tmp_path)
+    assert (tmp_path / "README.md").read_text() == text  # regenerating is stable
+
+
+def test_html_escapes_evidence() -> None:
+    r = report()
+    r.results[0].reason = "<script>alert(1)</script>"
+    page = matrix.render_html(matrix.Matrix(rows=[matrix.row_from_report(r)]))
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
+    m = matrix.load(ROOT / "compat_matrix.yaml")
+    m = matrix.Matrix(rows=matrix.merge_rows(m.rows, [matrix.row_from_report(report())]))
+    page = tmp_path / "compat_matrix.html"
+    page.write_text(matrix.render_html(m))
+    shot = tmp_path / "shot.png"
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1400,900",
+           page.as_uri()]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    dom = subprocess.run([*cmd[:-2], "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<tr>") == len(m.rows) + 1 and "rlstack compatibility matrix" in dom
