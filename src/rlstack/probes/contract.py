@@ -278,13 +278,13 @@ def check_replaced_class(case: Case, an: Analyzer) -> ProbeResult:
     repl_members, repl_ext = an.mro_members(case.replacement.package, case.replacement.file, repl)
     orig_members, _ = an.mro_members(case.original.package, case.original.file, orig)
     uses: dict[str, Evidence] = {}
-    for site in case.used_by:
-        for f in site.files:
-            tree = an.tree(site.package, f)
+    for use in case.used_by:
+        for f in use.files:
+            tree = an.tree(use.package, f)
             if tree is None:
                 continue
-            for attr, lines in pyast.attribute_uses(tree, site.receiver).items():
-                uses.setdefault(attr, Evidence(text=f"uses {site.receiver}.{attr}", package=site.package, file=f,
+            for attr, lines in pyast.attribute_uses(tree, use.receiver).items():
+                uses.setdefault(attr, Evidence(text=f"uses {use.receiver}.{attr}", package=use.package, file=f,
                                                line=min(lines)))
     if not uses:
         return _skip(case, f"no use of {case.used_by[0].receiver if case.used_by else '?'} found: contract "

@@ -44,7 +44,7 @@ class ProbeResult(BaseModel):
     reason: str
     evidence: list[Evidence] = Field(default_factory=list)
     duration_s: float = 0.0
-    signature: str | None = Field(None, description="wall id from signatures.yaml when the probe fails")
+    signature: str | None = Field(default=None, description="wall id from signatures.yaml when the probe fails")
     fix: str | None = None
 
 

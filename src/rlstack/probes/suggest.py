@@ -109,7 +109,9 @@ def candidates(stack: Stack, *, newer: int = 3, older: int = 1) -> list[Candidat
     for combo in itertools.product(*axes):
         out.append(Candidate(pins={n: v for n, (v, _) in zip(names, combo, strict=True)},
                              distance=sum(d for _, d in combo)))
-    out.sort(key=lambda c: (c.distance, sum(v is None for v in c.pins.values()),
+    # closest first; at equal distance the resolver's picks first (the newest compatible releases are the
+    # likeliest to agree with each other), then lower versions
+    out.sort(key=lambda c: (c.distance, -sum(v is None for v in c.pins.values()),
                             [vkey(v or "999") for v in c.pins.values()]))
     return out
 
@@ -126,6 +128,24 @@ def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> lis
     if toolkit_pin:
         reqs.append(toolkit_pin)
     return [*reqs, *lock.project_dependencies(stack.folder.parent.parent)]
+
+
+def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> lock.Resolution:
+    """lock.resolve, cached by its input (a search re-visits the same resolutions)."""
+    import hashlib
+    import os
+
+    key = hashlib.sha256(json.dumps([sorted(reqs), python, platform, hashes]).encode()).hexdigest()
+    path = cache_path() / f"{key}.json"
+    if path.is_file():
+        d = json.loads(path.read_text())
+        return lock.Resolution(d["ok"], d["text"], d["command"])
+    res = lock.resolve(reqs, python, platform, hashes=hashes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"ok": res.ok, "text": res.text, "command": res.command}))
+    os.replace(tmp, path)
+    return res
 
 
 def _min_toolkit(rules: list[toolchain.Rule], gpu_arch: str) -> str | None:
@@ -185,7 +205,7 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
             continue
         tried.append(cand)
         # resolve once without a toolkit pin to learn torch's CUDA build, then pin the toolkit it needs
-        res = lock.resolve(_requirements(stack, cand, None), stack.python, stack.platform, hashes=False)
+        res = _resolve(_requirements(stack, cand, None), stack.python, stack.platform, hashes=False)
         if not res.ok:
             cand.results = [ProbeResult(id="resolve:candidate", layer="resolve", status="fail",
                                         reason=" ".join(res.text.split())[:400])]
@@ -200,8 +220,8 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
         tk, tk_pkg = pick_toolkit(torch_cuda, need, stack.cuda_toolkit.version if stack.cuda_toolkit else None,
                                   tk_pkg)
         cand.toolkit, cand.toolkit_package = tk, tk_pkg
-        full = lock.resolve(_requirements(stack, cand, f"{tk_pkg}=={tk}" if tk else None), stack.python,
-                            stack.platform, hashes=True)
+        full = _resolve(_requirements(stack, cand, f"{tk_pkg}=={tk}" if tk else None), stack.python,
+                        stack.platform, hashes=True)
         if not full.ok:
             cand.results = [ProbeResult(id="resolve:candidate", layer="resolve", status="fail",
                                         reason=" ".join(full.text.split())[:400])]

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from rlstack.errors import RlstackError
 from rlstack.lock import normalize
@@ -69,7 +70,8 @@ def wheel_score(filename: str, python: str, platform: str) -> tuple[int, ...] | 
     parts = filename[:-4].split("-")
     if len(parts) not in (5, 6):
         return None
-    build = int(re.match(r"\d*", parts[2])[0] or 0) if len(parts) == 6 else 0
+    bm = re.match(r"\d*", parts[2]) if len(parts) == 6 else None
+    build = int(bm[0] or 0) if bm else 0
     pytags, abitags, plats = parts[-3].split("."), parts[-2].split("."), parts[-1].split(".")
     major, minor = (int(x) for x in python.split("."))
     arch = "aarch64" if "aarch64" in platform else "x86_64"
@@ -113,7 +115,7 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _get(url: str, accept: str | None = None, timeout: float = 60) -> urllib.request.addinfourl:
+def _get(url: str, accept: str | None = None, timeout: float = 60) -> Any:
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         return urllib.request.urlopen(req, timeout=timeout, context=_ssl_context())
