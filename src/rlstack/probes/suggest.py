@@ -61,7 +61,7 @@ def nearby(versions: list[str], current: str, newer: int, older: int) -> list[st
 
 @dataclass
 class Candidate:
-    pins: dict[str, str | None]  # package -> version, or None = resolver's choice
+    pins: dict[str, str | None]  # package -> version, or None = resolver's choice at or above the lock's
     distance: int
     toolkit: str | None = None
     toolkit_package: str | None = None
@@ -69,12 +69,18 @@ class Candidate:
     results: list[ProbeResult] = field(default_factory=list)
     resolved: dict[str, str] = field(default_factory=dict)
 
+    must_pass: set[str] = field(default_factory=set)
+
     @property
     def passed(self) -> bool:
-        return bool(self.results) and all(r.status != "fail" for r in self.results)
+        """No probe fails, and every probe that failed on the lock now passes: one that is skipped (its
+        package or its install site is gone) is not evidence that the wall is gone."""
+        status = {r.id: r.status for r in self.results}
+        return bool(self.results) and all(r.status != "fail" for r in self.results) and \
+            all(status.get(p) == "pass" for p in self.must_pass)
 
     def describe(self) -> str:
-        parts = [f"{k}=={self.resolved.get(k, v) or '?'}" + ("" if v else " (resolver's pick)")
+        parts = [f"{k}=={self.resolved.get(k, v) or '?'}" + ("" if v else " (resolver's pick, >= locked)")
                  for k, v in self.pins.items()]
         if self.torch:
             parts.append(f"torch=={self.torch}")
@@ -117,12 +123,15 @@ def candidates(stack: Stack, *, newer: int = 3, older: int = 1) -> list[Candidat
 
 
 def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> list[str]:
+    """The candidate's requirements: a chosen version is pinned; 'resolver's pick' is bounded below by the
+    locked version, so the search never wanders back to ancient releases that merely lack the checked code."""
+    locked = lock.locked_versions(stack)
     reqs = []
     for line in stack.top_level:
         name = lock.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
         if name in cand.pins:
             v = cand.pins[name]
-            reqs.append(f"{name}=={v}" if v else name)
+            reqs.append(f"{name}=={v}" if v else f"{name}>={locked[name]}")
         else:
             reqs.append(line)
     if toolkit_pin:
@@ -198,6 +207,7 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
     pool = candidates(stack)
     base = pool[0]
     failing: list[set[str]] = []
+    must_pass: set[str] = set()
     for cand in pool:
         if len(tried) >= max_candidates:
             break
@@ -237,6 +247,8 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
         cand.results = results
         if cand is base:
             failing = [probe_packages(r.id) for r in results if r.status == "fail"]
+            must_pass = {r.id for r in results if r.status == "fail"}
+        cand.must_pass = must_pass
         if progress:
             fails = [r.id for r in results if r.status == "fail"]
             print(f"suggest: {cand.describe()}: {'PASS' if not fails else 'fails ' + ', '.join(fails)}", flush=True)
