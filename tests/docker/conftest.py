@@ -86,7 +86,15 @@ def cpu_stack(context_copy: Path) -> stacks.Stack:
 @pytest.fixture(scope="session")
 def cpu_image(base_image: str, ca_bundle: Path, context_copy: Path, cpu_stack: stacks.Stack) -> str:
     plan = images.plan(cpu_stack, base_image=base_image, ca_cert=ca_bundle, root=context_copy, repo=TEST_REPO)
-    return images.ensure_built(plan)
+    tag = images.ensure_built(plan)
+    # Earlier runs' images (other source trees) are not needed again: drop their tags so a CI machine that
+    # keeps /var/lib/docker does not fill its disk with them.
+    listed = subprocess.run([docker.client(), "images", "--format", "{{.Repository}}:{{.Tag}}", f"{TEST_REPO}/cpu"],
+                            capture_output=True, text=True, check=False).stdout.split()
+    stale = [ref for ref in listed if ref not in (tag, plan.latest)]
+    if stale:
+        subprocess.run([docker.client(), "rmi", *stale], capture_output=True, check=False)
+    return tag
 
 
 @pytest.fixture

@@ -119,8 +119,8 @@ def rebuilt(cpu_image: str, cpu_stack: stacks.Stack, base_image: str, ca_bundle:
     assert plan.tag != cpu_image
     after = images.ensure_built(plan)
     yield cpu_image, after
-    _docker("rmi", after, check=False)
     _docker("tag", cpu_image, plan.latest, check=False)
+    _docker("rmi", after, check=False)
 
 
 def test_source_change_rebuilds_only_the_project_layers(rebuilt: tuple[str, str]) -> None:
