@@ -281,6 +281,35 @@ def ci_matrix(c: Context, kind: str = "all", stack: str = "", github_output: str
     return _cli("ci-matrix", "--kind", kind, *(["--stack", stack] if stack else []),
                 *(["--github-output", github_output] if github_output else []))
 
+@task(name="probe-job",
+      help={"stack": "stack name", "gpu_arch": "the runner's GPU arch label, or 'none' on a CPU runner",
+            "out": "folder for the probe JSON (uploaded as the job's artifact)",
+            "strict": "fail the job when a probe fails (the canary)",
+            "native": "run the runtime layer natively instead of inside the stack's image"})
+@friendly
+def probe_job(c: Context, stack: str, gpu_arch: str = "none", out: str = "probe-results", strict: bool = False,
+              native: bool = False) -> int:
+    """One gpu-probes job: static layers natively, the runtime layer in the stack's image, JSON for the merge."""
+    from pathlib import Path
+
+    from rlstack.ci_tools import probe_job as run_probe_job
+
+    return run_probe_job(stack, gpu_arch, Path(out), strict=strict, in_image=not native)
+
+
+@task(name="ci-merge-probes",
+      help={"results": "folder holding the downloaded probe JSON artifacts",
+            "matrix_file": "matrix file (default: compat_matrix.yaml)"})
+@friendly
+def ci_merge_probes(c: Context, results: str = "probe-results", matrix_file: str = "") -> int:
+    """The gpu-probes merge job: every probe JSON into compat_matrix.yaml, README section and HTML page."""
+    from pathlib import Path
+
+    from rlstack.ci_tools import merge_probe_results
+
+    return merge_probe_results(Path(results), Path(matrix_file) if matrix_file else None)
+
+
 @task(name="ci-free-disk", help={"force": "run even outside GitHub Actions (deletes system folders)"})
 @friendly
 def ci_free_disk(c: Context, force: bool = False) -> None:

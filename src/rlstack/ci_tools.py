@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from rlstack import runner
 from rlstack.errors import RlstackError
@@ -33,3 +34,78 @@ def free_disk(paths: list[str] | None = None, *, force: bool = False) -> float:
     after = free_gb()
     print(f"free disk: {before:.1f} GB -> {after:.1f} GB")
     return after
+
+
+STATIC_LAYERS = ["resolve", "contract", "toolchain"]
+
+
+def _write_report(report: Any, path: Path) -> Path:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(report.model_dump_json(indent=2))
+    os.replace(tmp, path)
+    print(f"wrote {path}: {'FAILED probes' if report.failed else 'all probes pass or skip'}")
+    return path
+
+
+def runtime_in_image(stack_name: str, arch: str, out: Path) -> Path:
+    """The runtime layer where it belongs: inside the stack's own image, on the runner's GPU. The report
+    comes back on stdout (the container's filesystem is read-only and mounts nothing writable from here)."""
+    from rlstack import containers, docker, images, matrix, stacks
+
+    stack = stacks.load_stack(stack_name)
+    tag = images.ensure_built(images.plan(stack))
+    spec = containers.spec_for(stack, tag, ["probe", "--stack", stack_name, "--layer", "runtime",
+                                            "--gpu-arch", arch, "--json"])
+    info = docker.engine_info()
+    if spec.gpus:
+        docker.require_nvidia_runtime(info)
+    proc = runner.run(containers.run_command(spec, docker.client()), capture=True, check=False)
+    start = proc.stdout.find("{")
+    if start < 0:
+        raise RlstackError(f"the runtime probe in {tag} printed no report (exit {proc.returncode})",
+                           (proc.stderr or "")[-2000:] or None)
+    out.write_text(proc.stdout[start:])
+    matrix.read_report(out)  # validate before anything merges it
+    print(f"wrote {out}")
+    return out
+
+
+def probe_job(stack: str, arch: str, out_dir: Path, *, strict: bool = False, in_image: bool = True) -> int:
+    """What one gpu-probes job does for (stack, arch): the static layers natively, the runtime layer in the
+    stack's image on the runner's GPU (`in_image=False`: natively, e.g. a machine without Docker), each
+    written as JSON under `out_dir`. A failing probe is evidence, not a broken job: the reports are written
+    and the job passes, unless `strict` (the canary), where a failure keeps the other jobs from starting."""
+    from rlstack import matrix
+    from rlstack.probes import suite
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if arch in ("", "none"):
+        report = suite.run(stack)
+        _write_report(report, out_dir / f"probe-{stack}-none.json")
+        return 1 if strict and report.failed else 0
+    static = suite.run(stack, layers=STATIC_LAYERS, gpu_arch=arch)
+    _write_report(static, out_dir / f"probe-{stack}-{arch}-static.json")
+    runtime_path = out_dir / f"probe-{stack}-{arch}-runtime.json"
+    if in_image:
+        runtime_in_image(stack, arch, runtime_path)
+        failed = matrix.read_report(runtime_path).failed
+    else:
+        runtime = suite.run(stack, layers=["runtime"], gpu_arch=arch)
+        _write_report(runtime, runtime_path)
+        failed = runtime.failed
+    return 1 if strict and (static.failed or failed) else 0
+
+
+def merge_probe_results(results_dir: Path, matrix_file: Path | None = None) -> int:
+    """The gpu-probes merge job: every probe JSON under `results_dir` into compat_matrix.yaml, then render."""
+    from rlstack import matrix
+
+    files = sorted(results_dir.rglob("*.json"))
+    if not files:
+        raise RlstackError(f"no probe results (*.json) under {results_dir}", "did the probe jobs upload artifacts?")
+    path = matrix_file or matrix.matrix_path()
+    merged = matrix.merge(files, path)
+    print(f"merged {len(files)} result file(s) into {path} ({len(merged.rows)} rows)")
+    for p in matrix.render(merged, readme=True):
+        print(f"wrote {p}")
+    return 0
