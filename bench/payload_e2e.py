@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import os
 
-    out = Path(os.environ.get("OUT", "/tmp/rlstack-e2e"))
+    out = Path("/tmp/rlstack-e2e-logs")  # child logs; their tails are gathered into one file under $OUT
     out.mkdir(parents=True, exist_ok=True)
+    combined = Path(os.environ.get("OUT", "/tmp/rlstack-e2e")) / "payload_e2e_logs.txt"
+    combined.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {**common.header(), "model_dir": str(MODEL_DIR), "steps": args.steps,
                             "completion_override": args.completion}
     if not (MODEL_DIR / "config.json").exists():
@@ -125,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             row["fastgen_served"] = "fastgen served generate" in (out / f"train_{mode}.log").read_text()
         rows.append(row)
         print(row, flush=True)
+        with combined.open("a") as fh:
+            for log in sorted(out.glob(f"*_{mode}.log")):
+                fh.write(f"===== {log.name} (last 6000 chars)\n{log.read_text()[-6000:]}\n")
         common.write_results("payload_e2e", {**data, "partial": True}, rows, ["mode"], quiet=True)
     cols = ["mode", "train_rc", "train_wall_s", "steps_logged", "step_time_s", "completion_tokens_per_s", "eval_rc",
             "eval_wall_s", "eval_questions_per_s", "fastgen_served", "eval_timings"]
