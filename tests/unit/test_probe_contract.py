@@ -205,3 +205,25 @@ def test_shipped_cases_validate_and_name_known_walls() -> None:
     ids = {s.id for s in signatures.load()}
     for case in contract.load_cases():
         assert case.wall in ids, case.id
+
+
+def test_transformed_paste_and_literal_code_count(tmp_path: Path, cases: dict[str, contract.Case]) -> None:
+    """Newer unsloth pastes through a helper (paster(fn) calls inspect.getsource) and appends literal code
+    that binds names: both are part of the generated module."""
+    g = gen(template_has_helper=False)
+    g["gen/items.py"] = (
+        "import inspect\nfrom collections import defaultdict\nfrom zoo.rl import REG\nITEMS = defaultdict(list)\n"
+        "loss = REG['loss']\nother = REG['other']\n"
+        "def paster(fn):\n    return inspect.getsource(fn).replace('a', 'a')\n"
+        "ITEMS['t'].append(\n    paster(loss)\n)\nITEMS['t'].append(inspect.getsource(other))\n"
+        "ITEMS['t'].append('try:\\n    align_mask = REG2\\nexcept Exception:\\n    align_mask = None\\n')\n")
+    (tmp_path / "g2").mkdir()
+    src = sources(tmp_path)
+    src.wheels["gen"] = make_wheel(tmp_path / "g2", "gen", g)
+    res = contract.run_case(cases["pasted-loss"], src)
+    assert res.status == "pass", res.reason
+    g["gen/items.py"] = g["gen/items.py"].replace("align_mask = ", "other_name = ")
+    (tmp_path / "g3").mkdir()
+    src = sources(tmp_path)
+    src.wheels["gen"] = make_wheel(tmp_path / "g3", "gen", g)
+    assert contract.run_case(cases["pasted-loss"], src).status == "fail"

@@ -334,6 +334,8 @@ def namespace_names(part: NamespacePart, an: Analyzer) -> tuple[set[str], list[E
     elif part.appended:
         for name, _line in pyast.appended_sources(tree, part.appended):
             names.add(an.source_name(part.package, part.file, name))
+        for code, _line in pyast.appended_code(tree, part.appended):
+            names |= set(pyast.module_info(pyast.parse_lenient(code)).bindings)
         return names, [], []
     else:
         info = pyast.module_info(tree, _dotted(part.file))

@@ -272,13 +272,32 @@ def getsource_targets(tree: ast.Module) -> dict[str, str]:
 def appended_sources(tree: ast.Module, container: str) -> list[tuple[str, int]]:
     """[(name, line)] for every `<container>.append(inspect.getsource(name))`."""
     out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
-                and ast.unparse(node.func.value).replace("'", '"') == container.replace("'", '"') and node.args:
-            arg = node.args[0]
-            if isinstance(arg, ast.Call) and ast.unparse(arg.func) in ("inspect.getsource", "getsource") \
-                    and arg.args and isinstance(arg.args[0], ast.Name):
-                out.append((arg.args[0].id, node.lineno))
+    # module functions that take a function and paste its source (they call inspect.getsource inside)
+    pasters = {f.name for f in tree.body if isinstance(f, ast.FunctionDef) and "getsource" in ast.unparse(f)}
+    for node in _appends(tree, container):
+        # the source may be transformed before it is appended: f(inspect.getsource(name)) or a paster(name)
+        for sub in ast.walk(node.args[0]):
+            if not (isinstance(sub, ast.Call) and sub.args and isinstance(sub.args[0], ast.Name)):
+                continue
+            if ast.unparse(sub.func) in ("inspect.getsource", "getsource") or ast.unparse(sub.func) in pasters:
+                out.append((sub.args[0].id, node.lineno))
+    return out
+
+
+def _appends(tree: ast.Module, container: str) -> list[ast.Call]:
+    want = container.replace("'", '"')
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append" and node.args
+            and ast.unparse(node.func.value).replace("'", '"') == want]
+
+
+def appended_code(tree: ast.Module, container: str) -> list[tuple[str, int]]:
+    """[(code, line)] for every literal code string appended to `container` (pasted verbatim)."""
+    out = []
+    for node in _appends(tree, container):
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            out.append((arg.value, node.lineno))
     return out
 
 
