@@ -121,3 +121,28 @@ def test_import_does_not_load_torch() -> None:
     code = "import sys, rlstack.fastgen; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_gqa_decode_attention_matches_repeat_kv_sdpa() -> None:
+    """The shadow's decode attention (grouped matmuls, no repeat_kv) equals transformers' sdpa path."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rlstack.fastgen.engine import gqa_decode_attention
+
+    g = torch.Generator().manual_seed(9)
+    b, h, kv, d, length = 3, 8, 2, 16, 40
+    q = torch.randn(b, h, 1, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, kv, length, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, kv, length, d, generator=g, dtype=torch.float64)
+    mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    mask[0, ..., :7] = False
+    mask[2, ..., 30:] = False
+
+    class M(torch.nn.Module):
+        num_key_value_groups = h // kv
+        is_causal = True
+
+    ref, _ = sdpa_attention_forward(M(), q, k, v, mask, scaling=0.25)
+    got, _ = gqa_decode_attention(M(), q, k, v, mask, scaling=0.25)
+    assert got.shape == ref.shape == (b, 1, h, d)
+    assert torch.allclose(got, ref, atol=1e-10)

@@ -157,10 +157,14 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
     g = h // kv
     scale = scaling if scaling is not None else d ** -0.5
     qg = query.reshape(b, kv, g, d)
-    scores = torch.matmul(qg, key.transpose(-1, -2)).float() * scale  # [b, kv, g, L]
+    scores = torch.matmul(qg, key.transpose(-1, -2))  # [b, kv, g, L]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
     if attention_mask is not None:
         mask = attention_mask[:, :, -1:, :]  # [b, 1, 1, L]; bool (keep) or additive float
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
     probs = scores.softmax(dim=-1).to(value.dtype)
     out = torch.matmul(probs, value)  # [b, kv, g, d]
     return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
