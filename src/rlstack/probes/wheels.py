@@ -14,6 +14,7 @@ import json
 import os
 import re
 import ssl
+import sys
 import urllib.request
 import zipfile
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ class WheelCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.part")
         if not self.quiet:
-            print(f"rlstack: downloading {f['filename']}", flush=True)
+            print(f"rlstack: downloading {f['filename']}", file=sys.stderr, flush=True)
         h = hashlib.sha256()
         with _get(str(f["url"]), timeout=300) as resp, tmp.open("wb") as out:
             for chunk in iter(lambda: resp.read(1 << 22), b""):
