@@ -76,3 +76,12 @@ def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest
     assert len(calls) == 1
     resolve.probe_stack(cpu, fresh=True)
     assert len(calls) == 2
+
+
+def test_unreachable_index_is_a_skip_not_a_conflict(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    monkeypatch.setattr(lock, "resolve", lambda *a, **k: lock.Resolution(
+        False, "error: Failed to fetch: `https://pypi.org/simple/trl/`\n  Caused by: dns error", ["uv"]))
+    res = resolve.probe_stack(load_stack("cpu"))
+    assert res.status == "skip" and "could not be reached" in res.reason
+    assert not list((stack_tree / "cache").rglob("*.json"))  # not cached

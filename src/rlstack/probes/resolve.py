@@ -21,6 +21,15 @@ from rlstack.probes.wheels import cache_dir
 from rlstack.stacks import Stack
 
 PIN_CLAUSE = re.compile(r"[A-Za-z0-9_.-]+==[^\s,]+")
+# uv's words when it could not reach the index: that is no answer about the pins, so the probe skips
+OFFLINE = re.compile(r"Failed to fetch|error sending request|dns error|Could not connect|network|offline", re.I)
+
+
+def _offline(pid: str, text: str, cmd: str) -> ProbeResult | None:
+    if OFFLINE.search(text) and "No solution found" not in text:
+        return ProbeResult(id=pid, layer="resolve", status="skip", reason="the package index could not be reached",
+                           evidence=[Evidence(text=text[-1500:], command=cmd)])
+    return None
 
 
 def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) -> tuple[bool, str, str]:
@@ -32,6 +41,8 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
     res = lock.resolve(reqs, python, platform, hashes=False)
     text = res.text if not res.ok else f"{len(lock.parse_pins(res.text))} packages pinned"
     cmd = " ".join(res.command)
+    if not res.ok and OFFLINE.search(text) and "No solution found" not in text:
+        return res.ok, text, cmd  # not an answer: do not cache it
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"ok": res.ok, "text": text, "command": cmd}))
@@ -42,6 +53,8 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
 def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
     reqs = lock.resolver_input(stack)
     ok, text, cmd = _cached_resolve(reqs, stack.python, stack.platform, fresh)
+    if not ok and (off := _offline(f"resolve:{stack.name}", text, cmd)):
+        return off
     if ok:
         return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="pass",
                            reason=f"resolves for Python {stack.python} on {stack.platform} ({text})",
@@ -55,6 +68,8 @@ def probe_coinstall(base: Stack, other: Stack, *, fresh: bool = False) -> ProbeR
     pid = f"resolve:coinstall:{base.name}+{other.name}"
     reqs = [*lock.resolver_input(base), *other.top_level]
     ok, text, cmd = _cached_resolve(reqs, base.python, base.platform, fresh)
+    if not ok and (off := _offline(pid, text, cmd)):
+        return off
     if ok:
         return ProbeResult(id=pid, layer="resolve", status="pass",
                            reason=f"{base.name} and {other.name} resolve into one environment ({text})",
