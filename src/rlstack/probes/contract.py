@@ -45,6 +45,12 @@ class InstallSite(_M):
     target: str = Field(description="dotted name assigned, e.g. vllm.lora.worker_manager.LRUCacheWorkerLoRAManager")
 
 
+class CallSite(_M):
+    package: str
+    file: str
+    call: str = Field(description="name of the function whose call switches the replacement on, e.g. patch_vllm")
+
+
 class UseSite(_M):
     package: str
     files: list[str]
@@ -81,6 +87,7 @@ class Case(_M):
     replacement: ClassRef | None = None
     original: ClassRef | None = None
     installed_at: list[InstallSite] = Field(default_factory=list)
+    activated_by: list[CallSite] = Field(default_factory=list)
     used_by: list[UseSite] = Field(default_factory=list)
     # pasted_function
     function: FunctionRef | None = None
@@ -269,6 +276,13 @@ def check_replaced_class(case: Case, an: Analyzer) -> ProbeResult:
     if not ev:
         return _skip(case, f"{case.replacement.package} does not install its {case.replacement.name} at this "
                            "version: contract does not apply")
+    for act in case.activated_by:
+        tree = an.tree(act.package, act.file)
+        calls = sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                       and ast.unparse(n.func).split(".")[-1] == act.call) if tree else []
+        if calls:
+            ev.append(Evidence(text=f"calls {act.call}() (which installs it)", package=act.package, file=act.file,
+                               line=calls[0]))
     repl = an.find_class(case.replacement)
     orig = an.find_class(case.original)
     if repl is None:

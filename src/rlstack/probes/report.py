@@ -44,7 +44,7 @@ def verdict(report: ProbeReport, question: str) -> str:
         lines.append(f"\n{n}. [{wall}] {sig.title if sig else results[0].reason}")
         for r in results:
             lines.append(f"   {r.id}: {_short(r.reason, 300)}")
-            for e in r.evidence[:6]:
+            for e in r.evidence[:8]:
                 lines.append(f"     - {_short(e.render(), 260)}")
         if sig:
             lines.append(f"   why: {_short(sig.explanation, 400)}")
