@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +221,7 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
             cand.results = [ProbeResult(id="resolve:candidate", layer="resolve", status="fail",
                                         reason=" ".join(res.text.split())[:400])]
             if progress:
-                print(f"suggest: {cand.describe()}: does not resolve", flush=True)
+                print(f"suggest: {cand.describe()}: does not resolve", file=sys.stderr, flush=True)
             continue
         pins = lock.parse_pins(res.text)
         cand.torch = pins.get("torch")
@@ -251,7 +252,10 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
         cand.must_pass = must_pass
         if progress:
             fails = [r.id for r in results if r.status == "fail"]
-            print(f"suggest: {cand.describe()}: {'PASS' if not fails else 'fails ' + ', '.join(fails)}", flush=True)
+            unproven = [r.id for r in results if r.id in must_pass and r.status == "skip"]
+            verdict = "PASS" if cand.passed else "fails " + ", ".join(fails) if fails else \
+                "cannot check " + ", ".join(unproven)
+            print(f"suggest: {cand.describe()}: {verdict}", file=sys.stderr, flush=True)
         if cand.passed:
             return cand, tried
     return None, tried
@@ -264,8 +268,9 @@ def render(stack_name: str, gpu_arch: str, best: Candidate | None, tried: list[C
         fails = [r for r in c.results if r.status == "fail"]
         mark = "PASS" if c is best else "fail"
         lines.append(f"  [{mark}] d={c.distance} {c.describe()}")
-        for r in fails[:4]:
-            lines.append(f"         {r.id}: {' '.join(r.reason.split())[:160]}")
+        unproven = [r for r in c.results if r.id in c.must_pass and r.status == "skip"]
+        for r in [*fails, *unproven][:4]:
+            lines.append(f"         {r.id} ({r.status}): {' '.join(r.reason.split())[:160]}")
     if best:
         lines.append(f"closest passing combination: {best.describe()}")
         lines.append(f"  -> set these in images/{stack_name}/requirements.in and stack.toml ([torch] version = "
