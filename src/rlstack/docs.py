@@ -18,7 +18,13 @@ def stacks_section() -> str:
     return markdown_table(HEADERS, [stack_row(s) for s in stacks.load_all()])
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section}
+def matrix_section() -> str:
+    from rlstack import matrix
+
+    return matrix.render_markdown(matrix.load())
+
+
+GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "compat-matrix": matrix_section}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
