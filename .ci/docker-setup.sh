@@ -23,6 +23,14 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 if ! "$DOCKER" info >/dev/null 2>&1; then
+  # BuildKit's cache GC keeps ~10% of the disk by default; one CUDA-stack build caches ~25 GB (its venv in
+  # the build stage, the runtime copy, the uv cache), so a smaller limit evicts the build stage mid-session
+  # and the next build reinstalls everything. Only when we start dockerd and no config exists.
+  if [ ! -e /etc/docker/daemon.json ]; then
+    $SUDO mkdir -p /etc/docker
+    echo '{"builder": {"gc": {"enabled": true, "defaultKeepStorage": "60GB"}}}' | $SUDO tee /etc/docker/daemon.json >/dev/null
+    log "wrote /etc/docker/daemon.json (builder cache kept up to 60 GB)"
+  fi
   log "no engine answers; starting dockerd (log: /tmp/dockerd.log)"
   # shellcheck disable=SC2024
   nohup $SUDO dockerd >/tmp/dockerd.log 2>&1 &

@@ -93,10 +93,15 @@ def bench_stack(name: str, base_image: str, ca_cert: str | None, keep_cache: boo
 def write(results: dict[str, dict[str, Any]]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "image_build.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    rows = [[r["stack"], f"{r['cold_build_s']:.0f}", f"{r['size_gb']:.2f}", f"{r['max_image_gb']:g}",
-             f"{r['warm_rebuild_after_source_change_s']:.1f}", r["layers_rebuilt_by_source_change"],
-             f"{r['no_change_skip_s']:.2f}", r["machine"], r["measured"][:10]]
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        v = r.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    rows = [[r["stack"], cell(r, "cold_build_s", ".0f"), cell(r, "size_gb", ".2f"), cell(r, "max_image_gb", "g"),
+             cell(r, "warm_rebuild_after_source_change_s", ".1f"), cell(r, "layers_rebuilt_by_source_change", "d"),
+             cell(r, "no_change_skip_s", ".2f"), r.get("machine", "-"), r.get("measured", "-")[:10]]
             for r in (results[k] for k in sorted(results))]
+    notes = [f"- {r['stack']}: {r['note']}" for r in (results[k] for k in sorted(results)) if r.get("note")]
     md = [
         "# Image builds",
         "",
@@ -107,6 +112,8 @@ def write(results: dict[str, dict[str, Any]]) -> None:
         markdown_table(["stack", "cold build s", "size GB", "limit GB", "warm rebuild s", "layers rebuilt",
                         "no-change skip s", "machine", "date"], rows),
         "",
+        *notes,
+        *([""] if notes else []),
     ]
     (RESULTS / "image_build.md").write_text("\n".join(md))
 
