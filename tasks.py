@@ -323,15 +323,16 @@ def ci_free_disk(c: Context, force: bool = False) -> None:
 
 
 _BENCH_SCRIPTS = {"rollout": "bench/rollout_generation.py", "grpo": "bench/grpo_step.py",
-                  "eval": "bench/eval_throughput.py"}
+                  "eval": "bench/eval_throughput.py", "e2e": "bench/payload_e2e.py"}
 
 
-@task(help={"only": "comma-separated subset of: rollout, grpo, eval (default: all)",
+@task(help={"only": "comma-separated subset of: rollout, grpo, eval, e2e (default: all)",
             "smoke": "tiny model on the CPU to check the scripts (results go to /tmp, not bench/results)",
             "args": "extra arguments passed to every script, e.g. '--completion 64'"})
 @friendly
 def bench(c: Context, only: str = "", smoke: bool = False, args: str = "") -> int:
-    """Run the GPU benchmarks (rollout tokens/s, GRPO step, eval throughput); each writes bench/results/*.json+md."""
+    """Run the GPU benchmarks (rollout tokens/s, GRPO step, eval throughput, the payload end to end); each writes
+    bench/results/*.json + .md."""
     import os
     import shlex
 
