@@ -152,8 +152,10 @@ def plan(
 def build_command(p: BuildPlan, exe: str = "docker") -> list[str]:
     """`docker build` for a plan: BuildKit (the caller sets DOCKER_BUILDKIT=1), host network (so a proxy
     or a local mirror on the host is reachable), the CA bundle as a secret, never as a file in a layer."""
-    cmd = [exe, *(["buildx", "build", "--load"] if p.buildx else ["build"]), "--progress", "plain",
-           "--network", "host", "-f", str(dockerfile(p.root)), "-t", p.tag, "-t", p.latest]
+    # buildx's container driver refuses --network host without an extra entitlement; CI needs no host proxy.
+    net = [] if p.buildx else ["--network", "host"]
+    cmd = [exe, *(["buildx", "build", "--load"] if p.buildx else ["build"]), "--progress", "plain", *net,
+           "-f", str(dockerfile(p.root)), "-t", p.tag, "-t", p.latest]
     for k, v in p.args.items():
         cmd += ["--build-arg", f"{k}={v}"]
     if p.ca_cert is not None:

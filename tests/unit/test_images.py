@@ -87,6 +87,7 @@ def test_plan_tags_and_build_command(tree: Path, monkeypatch: pytest.MonkeyPatch
     assert f"id=ca,src={ca}" in cmd
     assert "BASE_IMAGE=debian:bookworm-slim" in cmd
     assert "--no-cache" not in cmd
+    assert cmd[cmd.index("--network") + 1] == "host"
     # the CA bundle's contents never appear on the command line, only its path as a secret source
     assert not any("BEGIN CERTIFICATE" in a for a in cmd)
 
@@ -199,6 +200,7 @@ def test_buildx_and_gha_cache_flags(tree: Path) -> None:
     cmd = images.build_command(p, "docker")
     assert cmd[:4] == ["docker", "buildx", "build", "--load"]
     assert "type=gha,scope=rlstack-fp8" in cmd and "type=gha,mode=max,scope=rlstack-fp8" in cmd
+    assert "--network" not in cmd  # the buildx container driver would need the network.host entitlement
     with pytest.raises(RlstackError, match="needs --buildx"):
         images.plan(st, cache="gha", git_rev="r", created="t")
     with pytest.raises(RlstackError, match="unknown build cache"):
