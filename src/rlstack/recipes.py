@@ -93,6 +93,11 @@ class GrpoSpec(_Strict):
     save_steps: int = Field(default=50, gt=0, description="checkpoint every N steps (for --resume)")
     save_total_limit: int = Field(default=2, gt=0)
     seed: int = 0
+    fast_generation: bool = Field(
+        default=True,
+        description="on CUDA with the transformers loader: rollouts through rlstack.fastgen (static KV cache, "
+        "compiled decode step in a CUDA graph); off: TRL's own generate",
+    )
 
     @model_validator(mode="after")
     def _batch(self) -> GrpoSpec:
