@@ -85,6 +85,7 @@ def bench_stack(name: str, base_image: str, ca_cert: str | None, keep_cache: boo
         "warm_rebuild_after_source_change_s": round(warm, 1),
         "layers_rebuilt_by_source_change": rebuilt,
         "base_image": base_image,
+        "lock_hash": plan.args["LOCK_HASH"],
         "measured": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {os.cpu_count()} cores",
     }
