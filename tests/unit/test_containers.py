@@ -86,3 +86,20 @@ def test_custom_volume_names(stack_tree: Path) -> None:
     spec = containers.spec_for(stacks.load_stack("cpu"), "img", ["train"], volumes=vols, environ={})
     assert {"t-a:/adapters", "t-h:/hf-cache", "t-r:/opt/rlstack/runs"} <= set(_pairs(containers.run_command(spec),
                                                                                      "-v"))
+
+
+def test_cli_without_engine_exits_5_with_the_hint(stack_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from rlstack.cli import main
+
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("RLSTACK_DOCKER", str(fake))
+    monkeypatch.delenv("RLSTACK_CA_CERT", raising=False)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    (stack_tree / "images" / "Dockerfile").write_text("FROM scratch\n")
+    for argv in (["image", "build", "--stack", "cpu"], ["image", "train", "--stack", "cpu"]):
+        assert main(argv) == 5
+        err = capsys.readouterr().err
+        assert "no Docker engine answers" in err and "docker-setup.sh" in err
