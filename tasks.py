@@ -151,16 +151,6 @@ def shell(c: Context, stack: str = "cpu", base_image: str = "", ca_cert: str = "
     return _cli("image", "shell", *_image_flags(stack, base_image, ca_cert))
 
 
-@task(name="adapters-volume",
-      help={**_IMAGE_HELP, "verify": "also check every file's sha256", "json": "machine-readable output"})
-@friendly
-def adapters_volume(c: Context, stack: str = "cpu", verify: bool = False, json: bool = False, base_image: str = "",
-                    ca_cert: str = "") -> int:
-    """List the adapters in the rlstack-adapters volume (name, base model, stack, date, metrics)."""
-    return _cli("image", "adapters", *_image_flags(stack, base_image, ca_cert), "--verify" if verify else "",
-                "--json" if json else "")
-
-
 # --- payload: training and evaluation (issue: payload) ----------------------------------------------
 
 
@@ -173,13 +163,17 @@ def compare(c: Context, base: str, tuned: str, json: bool = False, iters: int = 
     return _cli("compare", base, tuned, "--iters", str(iters), "--json" if json else "")
 
 
-@task(help={"root": "adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
-            "verify": "also check every file against its manifest sha256", "json": "machine-readable output"})
+@task(help={**_IMAGE_HELP, "local": "list a folder on this machine instead of the volume (e.g. runs/adapters)",
+            "verify": "also check every file's sha256", "json": "machine-readable output"})
 @friendly
-def adapters(c: Context, root: str = "", verify: bool = False, json: bool = False) -> int:
-    """List trained adapters with base model, stack, lock hash and final reward."""
-    return _cli("adapters", *(["--root", root] if root else []), "--verify" if verify else "",
-                "--json" if json else "")
+def adapters(c: Context, stack: str = "cpu", local: str = "", verify: bool = False, json: bool = False,
+             base_image: str = "", ca_cert: str = "") -> int:
+    """List the adapters in the rlstack-adapters volume (name, base model, stack, date, metrics); --local DIR
+    lists a folder instead (where `invoke smoke` and native `rlstack train` write)."""
+    flags = ["--verify" if verify else "", "--json" if json else ""]
+    if local:
+        return _cli("adapters", "--root", local, *flags)
+    return _cli("image", "adapters", *_image_flags(stack, base_image, ca_cert), *flags)
 
 
 @task(help={"no_lock_check": "skip checking that images/cpu/requirements.lock is current",
@@ -188,35 +182,9 @@ def adapters(c: Context, root: str = "", verify: bool = False, json: bool = Fals
 def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "") -> int:
     """The main job on a fresh machine without a GPU: lock check, tiny GRPO run on 2 CPU cores, eval of the
     adapter and of its base, and their paired comparison."""
-    import time as _time
-    from datetime import UTC, datetime
+    from rlstack.smoke import run_smoke
 
-    if not no_lock_check:
-        from rlstack import lock, stacks
-
-        lock.check(stacks.load_stack("cpu"))
-        print("smoke: images/cpu/requirements.lock is current", file=sys.stderr)
-    name = name or f"smoke-cpu-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    t0 = _time.perf_counter()
-    rc = _cli("train", "--recipe", "recipes/smoke-cpu.toml", "--adapter-name", name,
-              *(["--max-steps", str(steps)] if steps else []))
-    if rc:
-        return rc
-    t1 = _time.perf_counter()
-    from rlstack.evaluate.gsm8k import default_runs_dir
-
-    out = default_runs_dir() / "eval" / name
-    rc = _cli("eval", "--adapter", name, "--output", str(out))
-    if rc:
-        return rc
-    base_out = default_runs_dir() / "eval" / f"{name}-base"
-    rc = _cli("eval", "--model", "tiny", "--recipe", "recipes/smoke-cpu.toml", "--output", str(base_out))
-    if rc:
-        return rc
-    rc = _cli("compare", str(base_out / "results.json"), str(out / "results.json"))
-    print(f"smoke: train {t1 - t0:.0f}s, evals {_time.perf_counter() - t1:.0f}s; adapter {name} "
-          f"(invoke adapters); results {out / 'results.json'} (base: {base_out / 'results.json'})", file=sys.stderr)
-    return rc
+    return run_smoke(lock_check=not no_lock_check, steps=steps, name=name)
 
 
 # --- probes and the compat matrix (issue: probes) ---------------------------------------------------
