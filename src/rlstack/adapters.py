@@ -8,7 +8,6 @@ copy, one that `verify` refuses with a message naming the file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstack import __version__
 from rlstack.errors import RlstackError
+from rlstack.fileio import fsync_path, sha256_file
 
 MANIFEST = "manifest.json"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -74,14 +74,6 @@ def default_root() -> Path:
     return Path("runs") / "adapters"
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _walk(folder: Path) -> list[str]:
     """Every regular file below folder except the manifest, as sorted POSIX relative paths."""
     out = []
@@ -89,14 +81,6 @@ def _walk(folder: Path) -> list[str]:
         if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST:
             out.append(p.relative_to(folder).as_posix())
     return sorted(out)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def resolve_lock_hash() -> str | None:
@@ -159,9 +143,9 @@ def write_adapter(
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
         for rel in [*files, MANIFEST]:
-            _fsync_path(tmp / rel)
+            fsync_path(tmp / rel)
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
-            _fsync_path(d)
+            fsync_path(d)
         if final.exists():  # overwrite: move the old one aside first so the rename is still one step
             old = root / f".old-{name}-{secrets.token_hex(4)}"
             os.replace(final, old)
@@ -169,7 +153,7 @@ def write_adapter(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.errors import RlstackError
+from rlstack.fileio import sha256_file
 from rlstack.lock import normalize
 
 INDEX_URL = os.environ.get("RLSTACK_INDEX_URL", "https://pypi.org/simple")
@@ -124,14 +125,6 @@ def _get(url: str, accept: str | None = None, timeout: float = 60) -> Any:
         raise WheelError(f"cannot fetch {url}: {exc}",
                          "check the network (PyPI) or warm the cache on a machine that has it "
                          f"(RLSTACK_CACHE={cache_dir()})") from None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.errors import RlstackError
+from rlstack.fileio import fsync_path
 
 SEAL = ".rlstack-complete"
 
@@ -25,26 +26,18 @@ class DiskFullError(RlstackError):
     exit_code = 28  # ENOSPC, so scripts can tell a full disk from other failures
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def seal(ckpt: Path) -> None:
     """Flush the checkpoint's files to disk, then mark it complete in one atomic rename."""
     for p in sorted(ckpt.rglob("*")):
         if p.is_file():
-            _fsync(p)
+            fsync_path(p)
     tmp = ckpt / (SEAL + ".tmp")
     with tmp.open("w") as fh:
         fh.write(ckpt.name + "\n")
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, ckpt / SEAL)
-    _fsync(ckpt)
+    fsync_path(ckpt)
 
 
 def is_sealed(ckpt: Path) -> bool:
