@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from rlstack import docker, lock, runner
 from rlstack.errors import DockerError, RlstackError
@@ -169,6 +171,29 @@ def build_command(p: BuildPlan, exe: str = "docker") -> list[str]:
     return cmd
 
 
+DISK_HINT = ("free space: 'docker builder prune' drops BuildKit's cache, 'docker image prune' old images; "
+             "or move Docker's data-root to a larger disk")
+
+
+def build_space_gb(stack: Stack) -> float:
+    """Free disk below which a build is refused up front: one image's worth (the stack's size limit). A cold
+    build peaks higher (build-stage venv + runtime copy + export: about 2.5x the 8 GB cpu image here), but
+    a warm cache needs far less, so this only catches the hopeless case; a build that still fills the disk
+    is recognised afterwards."""
+    return stack.max_image_gb
+
+
+def disk_problem(path: str, need_gb: float, usage: Callable[[str], Any] | None = None) -> str | None:
+    """A message when `path` has less than `need_gb` free (or cannot be read), else None."""
+    try:
+        free = (usage or shutil.disk_usage)(path).free / 1e9
+    except OSError:
+        return None  # Docker's root is not visible from here (remote engine): let the build speak
+    if free < need_gb:
+        return f"only {free:.1f} GB free under {path}, and this build needs about {need_gb:.0f} GB"
+    return None
+
+
 def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
     """Build the plan's image unless its content tag exists; return the tag. Checks the engine, BuildKit
     and the base image first, so each failure has its own message."""
@@ -186,8 +211,16 @@ def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
             f"the base image {p.base_image} is not present locally and cannot be pulled",
             "pass --base-image IMG (a local image or a registry mirror), or set RLSTACK_BASE_IMAGE",
         )
+    root = str(info.get("DockerRootDir") or "/var/lib/docker")
+    need = build_space_gb(p.stack)
+    problem = disk_problem(root, need)
+    if problem:
+        raise DockerError(problem, DISK_HINT)
     proc = runner.run(build_command(p, docker.client()), check=False, env=docker.build_env())
     if proc.returncode != 0:
+        problem = disk_problem(root, 1.0)
+        if problem:  # the build itself filled the disk: say so instead of pointing at the step above
+            raise DockerError(f"docker build for stack '{p.stack.name}' failed: {problem}", DISK_HINT)
         raise DockerError(
             f"docker build for stack '{p.stack.name}' failed (exit {proc.returncode}); the failing step is above",
             "an 'rlstack image check failed' line means stack.toml and the installed environment disagree; "

@@ -215,3 +215,39 @@ def test_smoke_reruns_the_checks_with_the_stacks_values(tree: Path) -> None:
     assert cmd[cmd.index("--gpu-archs") + 1] == ",".join(st.gpu_archs)
     assert cmd[cmd.index("--torch-cuda") + 1] == st.torch.cuda
     assert cmd[cmd.index("--lock") + 1] == "/opt/rlstack/images/portable/requirements.lock"
+
+
+def test_disk_problem_names_the_free_space_and_need() -> None:
+    from collections import namedtuple
+
+    from rlstack import images
+
+    usage = namedtuple("usage", "total used free")
+    msg = images.disk_problem("/var/lib/docker", 12, usage=lambda p: usage(100e9, 97e9, 3e9))
+    assert msg is not None and "3.0 GB free under /var/lib/docker" in msg and "12 GB" in msg
+    assert images.disk_problem("/var/lib/docker", 12, usage=lambda p: usage(100e9, 50e9, 50e9)) is None
+
+    def unreadable(p: str) -> object:
+        raise FileNotFoundError(p)
+
+    assert images.disk_problem("/remote", 12, usage=unreadable) is None
+
+
+def test_build_refused_up_front_when_the_disk_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import namedtuple
+
+    from rlstack import docker, images, stacks
+    from rlstack.errors import DockerError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(docker, "engine_info", lambda: {"DockerRootDir": "/var/lib/docker", "ServerVersion": "27.0"})
+    monkeypatch.setattr(docker, "image_exists", lambda ref: True)
+    monkeypatch.setattr(docker, "require_buildkit", lambda info: None)
+    monkeypatch.setattr(images.shutil, "disk_usage", lambda p: usage(100e9, 99e9, 1e9))
+    ran: list[object] = []
+    monkeypatch.setattr(images.runner, "run", lambda *a, **k: ran.append(a))
+    p = images.plan(stacks.load_stack("cpu"), base_image="debian:bookworm-slim", git_rev="x", created="now")
+    with pytest.raises(DockerError) as exc:
+        images.ensure_built(p, force=True)
+    assert "1.0 GB free" in str(exc.value) and "docker builder prune" in str(exc.value)
+    assert ran == []  # nothing was started
