@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,13 +36,7 @@ REPO = "rlstack-bench"
 
 
 def copy_context(dst: Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for entry in (*images.CONTEXT_ENTRIES, ".dockerignore"):
-        src = ROOT / entry
-        if src.is_dir():
-            shutil.copytree(src, dst / entry, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dst / entry)
+    images.copy_context(dst, ROOT)
 
 
 def timed_build(plan: images.BuildPlan, *, force: bool = False) -> float:

@@ -51,6 +51,20 @@ def context_files(root: Path | None = None) -> list[Path]:
     return sorted(out)
 
 
+def copy_context(dst: Path, root: Path | None = None) -> Path:
+    """Copy the build context (what .dockerignore lets through) to `dst`: tests and benchmarks build from a
+    copy, so editing a source file there never touches the checkout."""
+    base = root or project_root()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for entry in (*CONTEXT_ENTRIES, ".dockerignore"):
+        src = base / entry
+        if src.is_dir():
+            shutil.copytree(src, dst / entry, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dst / entry)
+    return dst
+
+
 def content_hash(stack: Stack, base_image: str, root: Path | None = None) -> str:
     base = root or project_root()
     h = hashlib.sha256()

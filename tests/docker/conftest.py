@@ -6,7 +6,6 @@ without touching the checkout; BuildKit's cache is keyed by content, so the copy
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -67,15 +66,7 @@ def ca_marker() -> str:
 
 @pytest.fixture(scope="session")
 def context_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("context")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for entry in (*images.CONTEXT_ENTRIES, ".dockerignore"):
-        src = ROOT / entry
-        if src.is_dir():
-            shutil.copytree(src, dst / entry, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dst / entry)
-    return dst
+    return images.copy_context(tmp_path_factory.mktemp("context"), ROOT)
 
 
 @pytest.fixture(scope="session")
