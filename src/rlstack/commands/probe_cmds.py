@@ -115,27 +115,28 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_options(p: argparse.ArgumentParser) -> None:
+    """Options `probe` and `probe-fp8` share: how the report is written and the --suggest search."""
+    p.add_argument("--json", action="store_true", help="print the report as JSON (or write it with -o)")
+    p.add_argument("-o", "--output", type=Path, help="also write the JSON report to this file")
+    p.add_argument("--fresh", action="store_true", help="ignore cached resolutions")
+    p.add_argument("--suggest", action="store_true", help="search nearby versions for a passing combination")
+    p.add_argument("--max-candidates", type=int, default=12, help="bound of the --suggest search")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="run a stack's probes (resolve, contract, toolchain, runtime)")
     p.add_argument("--stack", required=True, help="stack name")
     p.add_argument("--gpu-arch", help="target GPU arch, e.g. sm_120 (default: each of the stack's gpu_archs)")
     p.add_argument("--layer", help="comma-separated layers (default: all): resolve,contract,toolchain,runtime")
     p.add_argument("--with", dest="with_stack", help="also check co-installing with these stacks (comma-separated)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (or write it with -o)")
-    p.add_argument("-o", "--output", type=Path, help="write the JSON report to this file")
-    p.add_argument("--fresh", action="store_true", help="ignore cached resolutions")
-    p.add_argument("--suggest", action="store_true", help="search nearby versions for a passing combination")
-    p.add_argument("--max-candidates", type=int, default=12, help="bound of the --suggest search")
+    _report_options(p)
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("probe-fp8", help="the report's FP8 RL question: all layers for the fp8 stack, a verdict")
     p.add_argument("--gpu-arch", default="sm_120", help="target GPU arch (default sm_120, the report's RTX 5090)")
     p.add_argument("--layer", help="comma-separated layers (default: all)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("-o", "--output", type=Path, help="also write the JSON report to this file")
-    p.add_argument("--fresh", action="store_true", help="ignore cached resolutions")
-    p.add_argument("--suggest", action="store_true", help="search nearby versions for a passing combination")
-    p.add_argument("--max-candidates", type=int, default=12, help="bound of the --suggest search")
+    _report_options(p)
     p.set_defaults(func=cmd_probe_fp8)
 
     p = sub.add_parser("diagnose", help="name the known walls in a log (signatures.yaml)")
