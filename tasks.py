@@ -221,6 +221,20 @@ def probe_fp8(c: Context, gpu_arch: str = "sm_120", layer: str = "", json: bool 
                 "--max-candidates", str(max_candidates), "--fresh" if fresh else "")
 
 
+@task(name="native-stage", iterable=["skip"],
+      help={"stack": "stack name (required)", "host_packages": "the GPU host's 'pip list --format=json' output",
+            "python": "the GPU host's Python, e.g. 3.12", "skip": "NAME[:why] of a locked package the probes do not "
+            "need there (repeatable)", "keep_host": "comma-separated packages whose host copy stays",
+            "out": "output folder (default .stage/STACK)", "part_mb": "largest part in MiB (default 55)"})
+@friendly
+def native_stage(c: Context, stack: str, host_packages: str, python: str, skip: list[str] | None = None,
+                 keep_host: str = "", out: str = "", part_mb: int = 55) -> int:
+    """Stage a stack's locked wheels (sha256-checked) in parts for a GPU host with no Docker and no network."""
+    return _cli("native-stage", "--stack", stack, "--host-packages", host_packages, "--python", python,
+                *[a for s in skip or [] for a in ("--skip", s)], *(["--keep-host", keep_host] if keep_host else []),
+                *(["--out", out] if out else []), "--part-mb", str(part_mb))
+
+
 @task(help={"log": "the log file to read (- for stdin)", "json": "machine-readable output"})
 @friendly
 def diagnose(c: Context, log: str, json: bool = False) -> int:

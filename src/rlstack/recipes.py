@@ -44,6 +44,7 @@ class TinySpec(_Strict):
     num_key_value_heads: int = Field(default=2, gt=0)
     vocab_size: int = Field(default=384, ge=64, description="target BPE vocabulary size")
     tokenizer_corpus: int = Field(default=2000, gt=0, description="generated problems to train the tokenizer on")
+    tie_word_embeddings: bool = Field(default=True, description="share the input embedding with the LM head")
     seed: int = 0
 
 
@@ -53,6 +54,9 @@ class ModelSpec(_Strict):
     load_in_fp8: bool = False
     max_seq_length: int = Field(default=1024, gt=0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    loader: Literal["auto", "unsloth", "transformers"] = Field(
+        default="auto", description="auto: Unsloth on CUDA when installed (not for 'tiny'), else transformers+peft; "
+        "'unsloth' forces the stack's Unsloth path, as the runtime grpo-step probe does")
     tiny: TinySpec | None = None
 
     @model_validator(mode="after")

@@ -21,7 +21,10 @@ EOS = "<|endoftext|>"
 
 
 def spec_hash(spec: TinySpec) -> str:
-    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
+    data = spec.model_dump(mode="json")
+    if data.get("tie_word_embeddings") is True:
+        del data["tie_word_embeddings"]  # the default, added later: existing tiny models keep their names
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def model_id(spec: TinySpec) -> str:
@@ -73,7 +76,7 @@ def build(spec: TinySpec) -> tuple[Any, Any]:
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_word_embeddings,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,

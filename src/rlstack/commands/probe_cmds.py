@@ -32,7 +32,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from rlstack.probes import suite
 
     r = suite.run(args.stack, layers=_layers(args.layer), gpu_arch=args.gpu_arch,
-                  with_stacks=[s for s in (args.with_stack or "").split(",") if s], fresh=args.fresh)
+                  with_stacks=[s for s in (args.with_stack or "").split(",") if s], fresh=args.fresh,
+                  runtime_only=_layers(args.runtime_probes))
     if args.json:
         _write_json(r, args.output)
     else:
@@ -115,6 +116,36 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _skips(specs: list[str]) -> dict[str, str]:
+    out = {}
+    for spec in specs:
+        for item in spec.split(","):
+            name, _, why = item.partition(":")
+            if name.strip():
+                out[name.strip()] = why.strip() or "left out with --skip"
+    return out
+
+
+def cmd_native_stage(args: argparse.Namespace) -> int:
+    from rlstack import native
+
+    out = args.out or Path(".stage") / args.stack
+    index = native.stage(args.stack, args.host_packages, out, python=args.python, platform=args.platform,
+                         skip=_skips(args.skip or []), keep_host={k for s in args.keep_host or [] for k in s.split(",")
+                                                                  if k}, part_mb=args.part_mb)
+    mib = index["tar_size"] / 2**20
+    print(f"staged {index['carry']} wheels of stack {index['stack']} for Python {index['python']} in {out}: "
+          f"{len(index['parts'])} part(s), {mib:.0f} MiB; {index['host']} locked packages come from the host, "
+          f"{len(index['skip'])} left out")
+    for name, why in index["skip"].items():
+        print(f"  left out {name}: {why}")
+    print(f"on the GPU host, with every part and {native.PARTS_FILE} in one folder DIR:\n"
+          f"  python3 -m rlstack.native install --parts DIR --target /tmp/site-{index['stack']}\n"
+          f"  PYTHONPATH=/tmp/site-{index['stack']}:src python3 -m rlstack.cli probe --stack {index['stack']} "
+          f"--layer runtime --json -o probe.json")
+    return 0
+
+
 def _report_options(p: argparse.ArgumentParser) -> None:
     """Options `probe` and `probe-fp8` share: how the report is written and the --suggest search."""
     p.add_argument("--json", action="store_true", help="print the report as JSON (or write it with -o)")
@@ -130,6 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-arch", help="target GPU arch, e.g. sm_120 (default: each of the stack's gpu_archs)")
     p.add_argument("--layer", help="comma-separated layers (default: all): resolve,contract,toolchain,runtime")
     p.add_argument("--with", dest="with_stack", help="also check co-installing with these stacks (comma-separated)")
+    p.add_argument("--runtime-probes", help="only these runtime probes (comma-separated; default: all): "
+                   "cuda-init,bnb-4bit,fp8-matmul,vllm-lora,grpo-step")
     _report_options(p)
     p.set_defaults(func=cmd_probe)
 
@@ -138,6 +171,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layer", help="comma-separated layers (default: all)")
     _report_options(p)
     p.set_defaults(func=cmd_probe_fp8)
+
+    p = sub.add_parser("native-stage", help="stage a stack's locked wheels for a GPU host without Docker or network")
+    p.add_argument("--stack", required=True, help="stack name")
+    p.add_argument("--host-packages", type=Path, required=True,
+                   help="the host's 'python3 -m pip list --format=json' output (what it already has)")
+    p.add_argument("--python", required=True, help="the host's Python, e.g. 3.12 (wheels are chosen for it)")
+    p.add_argument("--platform", default="x86_64-manylinux_2_28", help="the host's platform tag")
+    p.add_argument("--skip", action="append", help="NAME[:why], comma-separated or repeated: locked packages the "
+                   "probes do not need there (recorded as missing)")
+    p.add_argument("--keep-host", action="append", help="packages whose host copy stays at its own version")
+    p.add_argument("--out", type=Path, help="output folder (default .stage/STACK)")
+    p.add_argument("--part-mb", type=int, default=55, help="largest part, in MiB (default 55)")
+    p.set_defaults(func=cmd_native_stage)
 
     p = sub.add_parser("diagnose", help="name the known walls in a log (signatures.yaml)")
     p.add_argument("log", type=Path, help="log file, or - for stdin")

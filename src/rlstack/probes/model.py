@@ -48,6 +48,25 @@ class ProbeResult(BaseModel):
     fix: str | None = None
 
 
+class Environment(BaseModel):
+    """The environment a runtime probe ran in (rlstack.probes.environment.capture): where, which versions,
+    and how it departs from the stack's lock."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    where: Literal["image", "native"]
+    python: str
+    executable: str = ""
+    torch: str | None = None
+    torch_cuda: str | None = None
+    toolkit: str | None = None
+    toolkit_from: str = ""
+    versions: dict[str, str] = Field(default_factory=dict, description="torch and key packages as installed")
+    lock_match: bool
+    deviations: list[str] = Field(default_factory=list)
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{12}$")
+
+
 class ProbeReport(BaseModel):
     """A run of probes for one stack on one (real or assumed) GPU arch: the unit compat_matrix rows come from."""
 
@@ -64,6 +83,8 @@ class ProbeReport(BaseModel):
     layers: list[str]
     results: list[ProbeResult]
     duration_s: float
+    environment: Environment | None = Field(
+        default=None, description="what the runtime layer ran on (absent when no runtime probe ran)")
 
     @property
     def failed(self) -> list[ProbeResult]:

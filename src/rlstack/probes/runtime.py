@@ -38,6 +38,15 @@ def _emit(status: str, reason: str, **facts: Any) -> None:
     print(MARK + json.dumps({"status": status, "reason": reason, "facts": facts}), flush=True)
 
 
+def _keep_log(name: str, text: str) -> None:
+    """The whole log of a probe, kept under $RLSTACK_PROBE_LOGDIR when set: the report holds only its tail."""
+    folder = os.environ.get("RLSTACK_PROBE_LOGDIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{name}.log"), "w") as fh:
+            fh.write(text)
+
+
 # --- the probe bodies (run in the child process) ------------------------------------------------------
 
 
@@ -110,7 +119,9 @@ def body_vllm_lora() -> None:
     _cuda()
     fp8 = os.environ.get("RLSTACK_PROBE_FP8") == "1"
     patched = "no (unsloth_zoo not installed)"
-    if _have("unsloth_zoo"):
+    if os.environ.get("RLSTACK_PROBE_UNSLOTH_PATCHES") == "0":
+        patched = "no (RLSTACK_PROBE_UNSLOTH_PATCHES=0: the control run, vLLM's own classes)"
+    elif _have("unsloth_zoo"):
         import unsloth  # noqa: F401  (unsloth must be imported before unsloth_zoo)
         from unsloth_zoo.vllm_utils import patch_vllm
 
@@ -138,14 +149,25 @@ def body_grpo_step() -> None:
         cmd = [sys.executable, "-m", "rlstack.cli", "train", "--recipe", "smoke-cpu", "--max-steps", "1",
                "--adapter-name", "probe-grpo-step", "--adapters-root", f"{tmp}/adapters", "--output", f"{tmp}/run",
                "--data", "generated:64"]
+        loader = "transformers+peft"
+        if _have("unsloth"):
+            # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
+            # lives), on a tiny model with 64-wide heads so its kernels take their usual shapes
+            cmd += ["--set", "model.loader=unsloth", "--set", "model.tiny.hidden_size=256",
+                    "--set", "model.tiny.intermediate_size=512", "--set", "model.tiny.num_attention_heads=4"]
+            loader = "unsloth"
+        # extra recipe overrides, ';'-separated: for chasing a failure on a GPU host without editing code
+        for item in filter(None, os.environ.get("RLSTACK_PROBE_TRAIN_SET", "").split(";")):
+            cmd += ["--set", item.strip()]
         print("$ " + " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, text=True, capture_output=True, timeout=TIMEOUTS["grpo-step"] - 30)
+        _keep_log("grpo-step-train", proc.stdout + proc.stderr)
         sys.stdout.write(proc.stdout[-6000:])
         sys.stdout.write(proc.stderr[-6000:])
         if proc.returncode != 0:
-            _emit("fail", f"rlstack train --max-steps 1 exited {proc.returncode}")
+            _emit("fail", f"rlstack train --max-steps 1 ({loader}) exited {proc.returncode}")
             return
-        _emit("pass", "one GRPO step through rlstack train (recipe smoke-cpu, max_steps=1)")
+        _emit("pass", f"one GRPO step through rlstack train ({loader}; recipe smoke-cpu, max_steps=1)", loader=loader)
 
 
 BODIES: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {
@@ -204,6 +226,7 @@ def run_probe(name: str, *, fp8: bool = False) -> ProbeResult:
     except subprocess.TimeoutExpired as exc:
         log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         log, rc = log + f"\ntimed out after {TIMEOUTS[name]}s", -1
+    _keep_log(name, log)
     result = next((json.loads(ln[len(MARK):]) for ln in reversed(log.splitlines()) if ln.startswith(MARK)), None)
     cmd_s = " ".join(cmd)
     if result is not None and rc == 0:

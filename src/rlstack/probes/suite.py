@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from rlstack import lock
-from rlstack.probes import contract, resolve, runtime, signatures, toolchain
+from rlstack.probes import contract, environment, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
 from rlstack.probes.wheels import LockedPackage, SourceSet, WheelCache, WheelError, parse_locked
 from rlstack.stacks import Stack, load_stack
@@ -103,7 +103,7 @@ def static_results(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
 
 def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | None = None,
         with_stacks: list[str] | None = None, fresh: bool = False, cache: WheelCache | None = None,
-        fp8_runtime: bool | None = None) -> ProbeReport:
+        fp8_runtime: bool | None = None, runtime_only: list[str] | None = None) -> ProbeReport:
     t0 = time.perf_counter()
     stack = load_stack(stack_name)
     layers = list(layers or LAYERS)
@@ -118,13 +118,31 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
     results = static_results(stack, layers=layers, gpu_arch=gpu_arch, locked=locked, cache=cache, toolkit=toolkit,
                              with_stacks=[load_stack(n) for n in with_stacks or []], fresh=fresh)
     facts: dict[str, str] = {}
+    env = None
+    torch_cuda = stack.torch.cuda
     if "runtime" in layers:
-        fp8 = fp8_runtime if fp8_runtime is not None else stack.name == "fp8"
-        results += runtime.run_all(fp8=fp8)
+        # the runtime layer reports on what it imported, which natively need not be the lock
+        env = environment.capture(stack, locked)
+        toolkit, torch_cuda = env.toolkit, env.torch_cuda
         facts = runtime.gpu_facts()
+        if gpu_arch and facts.get("arch") and facts["arch"] != gpu_arch:
+            from rlstack.errors import RlstackError
+
+            raise RlstackError(f"--gpu-arch {gpu_arch}, but the GPU here is {facts['arch']} "
+                               f"({facts.get('gpu', 'unnamed')}): runtime results would be filed under the wrong arch",
+                               "leave out --gpu-arch for a runtime run (the GPU present is what gets measured), "
+                               "or check the runner's labels")
+        fp8 = fp8_runtime if fp8_runtime is not None else stack.name == "fp8"
+        unknown_probes = sorted(set(runtime_only or []) - set(runtime.BODIES))
+        if unknown_probes:
+            from rlstack.errors import RlstackError
+
+            raise RlstackError(f"unknown runtime probe(s): {', '.join(unknown_probes)}",
+                               f"choose from {', '.join(runtime.BODIES)}")
+        results += runtime.run_all(fp8=fp8, only=runtime_only or None)
     results = [signatures.match_result(r) for r in results]
     return ProbeReport(
         stack=stack.name, lock_hash=lock.lock_hash(stack), gpu_arch=gpu_arch or facts.get("arch"),
-        toolkit=toolkit, torch_cuda=stack.torch.cuda, driver=facts.get("driver"), host=platform.node(),
+        toolkit=toolkit, torch_cuda=torch_cuda, driver=facts.get("driver"), host=platform.node(),
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), layers=layers, results=results,
-        duration_s=round(time.perf_counter() - t0, 3))
+        duration_s=round(time.perf_counter() - t0, 3), environment=env)

@@ -89,13 +89,17 @@ def load_for_training(spec: ModelSpec, lora: LoraSpec, *, fp8: bool = False, see
     if fp8 or spec.load_in_fp8:
         check_fp8()
         return _load_unsloth(target, base_id, spec, lora, fp8=True, seed=seed, gc=gradient_checkpointing)
-    if has("unsloth") and cuda_available() and spec.name != "tiny":
+    if spec.loader == "unsloth" or (spec.loader == "auto" and has("unsloth") and cuda_available()
+                                    and spec.name != "tiny"):
         return _load_unsloth(target, base_id, spec, lora, fp8=False, seed=seed, gc=gradient_checkpointing)
     return _load_transformers(target, base_id, spec, lora, gc=gradient_checkpointing)
 
 
 def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *, fp8: bool, seed: int,
                   gc: bool) -> Loaded:
+    if not has("unsloth"):
+        raise RlstackError("model.loader = 'unsloth', but unsloth is not installed in this Python",
+                           "use a stack that has it (portable, fp8), or model.loader = 'auto'")
     import unsloth  # noqa: F401  (must come before transformers/trl for its patches)
     from unsloth import FastLanguageModel
 

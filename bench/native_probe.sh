@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The runtime probes of a stack, natively on a GPU host with no Docker and no network (the device machine),
+# from wheels staged by `rlstack native-stage` and carried in parts. Parts survive between calls in
+# $STASH while the machine stays warm.
+#   bash bench/native_probe.sh stash STACK          copy the carried .stage/STACK/{part-*,parts.json} to $STASH/STACK
+#   bash bench/native_probe.sh run STACK            install the parts (once), run the runtime layer, report to $OUT
+#   bash bench/native_probe.sh one STACK PROBE      one probe body alone (env passes through: controls, diagnosis)
+# Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
+set -u
+cmd=${1:?stash, run or one}; stack=${2:?stack}; shift 2
+STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-$stack; LOGS=/tmp/probe-logs-$stack
+mkdir -p "$STASH/$stack" "$OUT" "$LOGS"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RLSTACK_PROBE_LOGDIR=$LOGS
+install() {
+  [ -f "$SITE/.rlstack-native.json" ] && { echo "installed already: $SITE"; return 0; }
+  local t0; t0=$(date +%s)
+  PYTHONPATH=$PWD/src python3 -m rlstack.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
+  echo "install: $(( $(date +%s) - t0 )) s"
+}
+pack_logs() { tar -C "$LOGS" -czf "$OUT/logs-$stack.tgz" . ; }
+case "$cmd" in
+  stash)
+    cp .stage/"$stack"/part-* .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
+    have=$(ls "$STASH/$stack" | grep -c '^part-')
+    want=$(python3 -c "import json,sys;print(len(json.load(open(sys.argv[1]))['parts']))" "$STASH/$stack/parts.json")
+    echo "stash $stack: $have of $want parts" ;;
+  run)
+    install
+    export PYTHONPATH=$SITE:$PWD/src
+    t0=$(date +%s)
+    nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+    python3 -m rlstack.cli probe --stack "$stack" --layer runtime --json -o "$OUT/probe-$stack-native.json" \
+      > "$LOGS/probe-cli.log" 2>&1
+    echo "probe exit $? after $(( $(date +%s) - t0 )) s"
+    python3 - "$OUT/probe-$stack-native.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+e = r.get("environment") or {}
+print("env:", e.get("where"), e.get("python"), e.get("torch"), e.get("torch_cuda"), "nvcc", e.get("toolkit"),
+      "lock_match", e.get("lock_match"), len(e.get("deviations", [])), "deviations")
+for d in e.get("deviations", [])[:40]:
+    print("   ", d)
+for p in r["results"]:
+    print(f"{p['status']:5} {p['id']:22} {p['duration_s']:7.1f}s {p.get('signature') or ''} {p['reason'][:160]}")
+PY
+    pack_logs ;;
+  one)
+    probe=${1:?probe name}
+    install
+    export PYTHONPATH=$SITE:$PWD/src
+    t0=$(date +%s)
+    timeout "${PROBE_TIMEOUT:-400}" python3 -m rlstack.probes.runtime "$probe" > "$LOGS/one-$probe.log" 2>&1
+    echo "one $probe exit $? after $(( $(date +%s) - t0 )) s"
+    grep -a RLSTACK-PROBE-RESULT "$LOGS/one-$probe.log" | tail -1 | cut -c1-700
+    grep -aE "Error|error:|Traceback" "$LOGS/one-$probe.log" "$LOGS"/*train*.log 2>/dev/null | tail -8 | cut -c1-400
+    pack_logs ;;
+  *) echo "unknown: $cmd" >&2; exit 2 ;;
+esac
