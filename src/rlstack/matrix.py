@@ -135,8 +135,12 @@ def sorted_rows(rows: Iterable[Row]) -> list[Row]:
 
 
 def row_from_report(report: ProbeReport) -> Row:
+    """A report's row. Failures the probe could not name are matched again against today's signatures: a
+    wall learned after a run (from that run's own log, say) names the evidence it was learned from."""
+    from rlstack.probes import signatures
+
     cells = []
-    for r in report.results:
+    for r in (signatures.match_result(res.model_copy(deep=True)) for res in report.results):
         ev = "; ".join(e.render() for e in r.evidence[:3])
         text = r.reason + (f" [{ev}]" if ev else "")
         cells.append(ProbeCell(id=r.id, status=r.status, evidence=text[:600], wall=r.signature))

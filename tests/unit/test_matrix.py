@@ -64,13 +64,13 @@ def test_merge_by_key_updates_probes_and_keeps_other_rows(tmp_path: Path) -> Non
                                                                ("runtime:bnb-4bit", "pass")]).model_dump_json())
     m = matrix.merge([f2], path)
     assert len(m.rows) == len(before) + 1
-    row = next(r for r in m.rows if r.source == "measured" and r.gpu_arch == "sm_90")
+    row = next(r for r in m.rows if r.lock_hash == "ab" * 32)
     assert {p.id: p.status for p in row.probes} == {"runtime:cuda-init": "pass", "runtime:fp8-matmul": "pass",
                                                    "runtime:bnb-4bit": "pass"}
     assert row.date.startswith("2026-12-03")
     # an older result does not overwrite a newer one
     matrix.merge([f1], path)
-    row = next(r for r in matrix.load(path).rows if r.source == "measured" and r.gpu_arch == "sm_90")
+    row = next(r for r in matrix.load(path).rows if r.lock_hash == "ab" * 32)
     assert {p.id: p.status for p in row.probes}["runtime:fp8-matmul"] == "pass"
     # another driver is another row
     f3 = tmp_path / "c.json"

@@ -153,7 +153,10 @@ def body_grpo_step() -> None:
         if _have("unsloth"):
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
             # lives), on a tiny model with 64-wide heads so its kernels take their usual shapes
-            cmd += ["--set", "model.loader=unsloth", "--set", "model.tiny.hidden_size=256",
+            # and untied embeddings: Unsloth's generate on this tied tiny model dies in a device-side assert
+            # (seen on an H200 with unsloth 2026.3.11 and 2026.6.1), before any GRPO code runs
+            cmd += ["--set", "model.loader=unsloth", "--set", "model.tiny.tie_word_embeddings=false",
+                    "--set", "model.tiny.hidden_size=256",
                     "--set", "model.tiny.intermediate_size=512", "--set", "model.tiny.num_attention_heads=4"]
             loader = "unsloth"
         # extra recipe overrides, ';'-separated: for chasing a failure on a GPU host without editing code

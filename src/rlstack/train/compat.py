@@ -34,3 +34,19 @@ def ensure_warnings_issued(model: Any) -> None:
         if m is not None and not hasattr(m, "warnings_issued"):
             with contextlib.suppress(AttributeError):
                 m.warnings_issued = {}
+
+
+def export_mixed_precision(bf16: bool, fp16: bool) -> str:
+    """Set ACCELERATE_MIXED_PRECISION from the trainer's precision flags, as transformers 4.x's
+    TrainingArguments did (training_args.py:1878 in 4.57.6) and 5.x no longer does (it only reads it).
+
+    unsloth_zoo's GRPO loss and unsloth's generated trainers pick their autocast dtype from this variable,
+    falling back to fp16 when it is unset; unsloth exports it itself only when bf16 and fp16 are both False.
+    So with transformers 5.5 (the portable stack) and bf16=True, the loss autocasts to fp16 over bf16 LoRA
+    weights and dies in `addmm_`: 'self and mat2 must have the same dtype, but got Half and BFloat16' (seen on
+    an H200 by the runtime grpo-step probe, signature unsloth-mixed-precision-env). Returns the value set."""
+    import os
+
+    value = "bf16" if bf16 else "fp16" if fp16 else "no"
+    os.environ["ACCELERATE_MIXED_PRECISION"] = value
+    return value

@@ -161,6 +161,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = grpo_config(recipe, run_dir / "checkpoints", use_vllm=loaded.loader == "unsloth-fp8",
                          dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
+    from rlstack.train.compat import export_mixed_precision
+
+    export_mixed_precision(bool(config.bf16), bool(config.fp16))
     if loaded.loader.startswith("unsloth"):
         # Unsloth checkpoints inside get_peft_model(use_gradient_checkpointing="unsloth"); a second, HF-style
         # enable from the Trainer would wrap the same layers again.
