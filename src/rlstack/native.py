@@ -216,8 +216,23 @@ def verify_parts(parts_dir: Path) -> dict[str, Any]:
     return index
 
 
+def _install_command(target: Path, files: list[str]) -> list[str]:
+    """This Python's pip; where it has none (a uv-made venv), uv's pip aimed at this Python."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                "--no-cache-dir", "--upgrade", "--target", str(target), *files]
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(uv).is_file():
+        raise NativeError(f"{sys.executable} has no pip, and no uv is on PATH", "install pip for this Python")
+    return [uv, "pip", "install", "-q", "--python", sys.executable, "--offline", "--no-deps", "--no-cache",
+            "--target", str(target), *files]
+
+
 def install(parts_dir: Path, target: Path, *, pip: list[str] | None = None) -> dict[str, Any]:
-    """Join and check the parts, then install the wheels into `target` (put it first on PYTHONPATH)."""
+    """Join and check the parts, then install the wheels into `target` (put it first on PYTHONPATH).
+    `pip`: a whole install command to which the wheel paths are appended (default: this Python's pip)."""
     index = verify_parts(parts_dir)
     with tempfile.TemporaryDirectory(prefix="rlstack-native-") as tmp:
         tar_path = Path(tmp) / "bundle.tar"
@@ -240,8 +255,7 @@ def install(parts_dir: Path, target: Path, *, pip: list[str] | None = None) -> d
         files = [str(Path(tmp) / "wheels" / w["file"]) for w in manifest["wheels"]]
         target.mkdir(parents=True, exist_ok=True)
         if files:
-            cmd = [*(pip or [sys.executable, "-m", "pip"]), "install", "-q", "--no-index", "--no-deps",
-                   "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target), *files]
+            cmd = [*pip, *files] if pip else _install_command(target, files)
             print(f"+ {' '.join(cmd[:12])} ... ({len(files)} wheels)", file=sys.stderr, flush=True)
             proc = subprocess.run(cmd, text=True, capture_output=True)
             if proc.returncode != 0:

@@ -144,3 +144,39 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     dom = subprocess.run([*cmd[:-2], "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<tr>") == len(m.rows) + 1 and "rlstack compatibility matrix" in dom
+
+
+def _env(fp: str, devs: list[str]) -> dict[str, object]:
+    return {"where": "native", "python": "3.12.3", "lock_match": not devs, "deviations": devs, "fingerprint": fp,
+            "versions": {"torch": "2.11.0"}}
+
+
+def test_rows_from_other_environments_never_merge(tmp_path: Path) -> None:
+    from rlstack.probes.model import Environment
+
+    path = tmp_path / "m.yaml"
+    files = []
+    for i, env in enumerate([_env("a" * 12, []), _env("b" * 12, ["numpy 2.5.2 (lock 2.3.5)"]), _env("a" * 12, [])]):
+        r = report(date=f"2026-12-0{i + 1}T10:00:00Z")
+        r.environment = Environment.model_validate(env)
+        f = tmp_path / f"{i}.json"
+        f.write_text(r.model_dump_json())
+        files.append(f)
+    m = matrix.merge(files, path)
+    assert len(m.rows) == 2
+    labels = sorted(matrix.env_label(r) for r in m.rows)
+    assert labels == ["native, 1 off-lock", "native, = lock"]
+    md = matrix.render_markdown(m)
+    assert "| native, 1 off-lock |" in md
+    page = matrix.render_html(m)
+    assert "numpy 2.5.2 (lock 2.3.5)" in page and "none: the environment is the lock" in page
+
+
+def test_unnamed_failures_get_todays_signatures(tmp_path: Path) -> None:
+    r = report(results=[("runtime:grpo-step", "fail")])
+    r.results[0].signature = None
+    r.results[0].evidence = [Evidence(text="RuntimeError: self and mat2 must have the same dtype, but got Half and "
+                                           "BFloat16")]
+    row = matrix.row_from_report(r)
+    assert row.probes[0].wall == "unsloth-mixed-precision-env"
+    assert r.results[0].signature is None, "the report itself is left as it was"

@@ -85,3 +85,49 @@ def test_unreachable_index_is_a_skip_not_a_conflict(stack_tree: Path, monkeypatc
     res = resolve.probe_stack(load_stack("cpu"))
     assert res.status == "skip" and "could not be reached" in res.reason
     assert not list((stack_tree / "cache").rglob("*.json"))  # not cached
+
+
+def test_runtime_report_records_environment_and_refuses_wrong_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime run files its results under the GPU present: a --gpu-arch that disagrees is an error before any
+    probe runs; the report carries the environment it ran in (here: this venv, against the cpu lock)."""
+    from rlstack.errors import RlstackError
+    from rlstack.probes import suite
+
+    monkeypatch.setattr(runtime, "gpu_facts", lambda: {"gpu": "NVIDIA H200", "driver": "580", "arch": "sm_90"})
+    ran: list[str] = []
+    monkeypatch.setattr(runtime, "run_all", lambda fp8=False, only=None: ran.append("x") or [])
+    with pytest.raises(RlstackError, match="--gpu-arch sm_120, but the GPU here is sm_90"):
+        suite.run("cpu", layers=["runtime"], gpu_arch="sm_120")
+    assert ran == []
+    with pytest.raises(RlstackError, match="unknown runtime probe"):
+        suite.run("cpu", layers=["runtime"], runtime_only=["warp-drive"])
+    report = suite.run("cpu", layers=["runtime"])
+    assert report.gpu_arch == "sm_90" and report.driver == "580"
+    env = report.environment
+    assert env is not None and env.where == "native" and env.versions["torch"].startswith("2.10.0")
+    assert report.torch_cuda == env.torch_cuda
+    static = suite.run("cpu", layers=["contract"])
+    assert static.environment is None
+
+
+def test_grpo_step_probe_takes_the_stack_unsloth_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With unsloth installed the probe trains through it, on untied embeddings (Unsloth's generate on the tied
+    tiny model hits a device-side assert before any GRPO code: seen on an H200)."""
+    import subprocess
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_TRAIN_SET", "grpo.temperature=0.7")
+    monkeypatch.setenv("RLSTACK_PROBE_LOGDIR", str(tmp_path))
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "NameError: name 'align_completion_tool_mask' is not defined")
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    runtime.body_grpo_step()
+    sets = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "--set"]
+    assert "model.loader=unsloth" in sets and "model.tiny.tie_word_embeddings=false" in sets
+    assert sets[-1] == "grpo.temperature=0.7"
+    assert "align_completion_tool_mask" in (tmp_path / "grpo-step-train.log").read_text()

@@ -87,3 +87,15 @@ def test_fingerprint_changes_with_content() -> None:
 def test_prompt_kwargs_override() -> None:
     r = recipes.load("gsm8k-grpo", ["prompt.chat_template_kwargs.enable_thinking=false"])
     assert r.prompt.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_model_loader_and_tiny_untied() -> None:
+    from rlstack import recipes, tiny
+
+    r = recipes.load("smoke-cpu", ["model.loader=unsloth", "model.tiny.tie_word_embeddings=false"])
+    assert r.model.loader == "unsloth" and r.model.tiny is not None and not r.model.tiny.tie_word_embeddings
+    with pytest.raises(recipes.RecipeError, match="model.loader"):
+        recipes.load("smoke-cpu", ["model.loader=vllm"])
+    # the default keeps the name tiny models had before the field existed (adapters name their base by it)
+    assert tiny.model_id(recipes.load("smoke-cpu").model.tiny) == "tiny-5ad79719fd6e"  # type: ignore[arg-type]
+    assert tiny.model_id(r.model.tiny) != "tiny-5ad79719fd6e"
