@@ -195,15 +195,18 @@ def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "
             "json": "print the report as JSON", "output": "also write the JSON report to this file",
             "with_stack": "also check co-installing with these stacks (comma-separated)",
             "suggest": "search nearby versions for a combination that passes the static probes",
-            "max_candidates": "bound of the --suggest search", "fresh": "ignore cached resolutions"})
+            "max_candidates": "bound of the --suggest search", "fresh": "ignore cached resolutions",
+            "runtime_probes": "only these runtime probes, comma-separated (default: all)"})
 @friendly
 def probe(c: Context, stack: str, gpu_arch: str = "", layer: str = "", json: bool = False, output: str = "",
-          with_stack: str = "", suggest: bool = False, max_candidates: int = 12, fresh: bool = False) -> int:
+          with_stack: str = "", suggest: bool = False, max_candidates: int = 12, fresh: bool = False,
+          runtime_probes: str = "") -> int:
     """Run a stack's probes; prints a table (or JSON) and exits non-zero when a probe fails."""
     return _cli("probe", "--stack", stack, *(["--gpu-arch", gpu_arch] if gpu_arch else []),
                 *(["--layer", layer] if layer else []), "--json" if json else "", *(["-o", output] if output else []),
                 *(["--with", with_stack] if with_stack else []), "--suggest" if suggest else "",
-                "--max-candidates", str(max_candidates), "--fresh" if fresh else "")
+                "--max-candidates", str(max_candidates), "--fresh" if fresh else "",
+                *(["--runtime-probes", runtime_probes] if runtime_probes else []))
 
 
 @task(name="probe-fp8",
