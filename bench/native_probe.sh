@@ -29,20 +29,10 @@ case "$cmd" in
     export PYTHONPATH=$SITE:$PWD/src
     t0=$(date +%s)
     nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-    python3 -m rlstack.cli probe --stack "$stack" --layer runtime --json -o "$OUT/probe-$stack-native.json" \
+    python3 -m rlstack.cli probe --stack "$stack" --layer runtime -o "$OUT/probe-$stack-native.json" \
       > "$LOGS/probe-cli.log" 2>&1
     echo "probe exit $? after $(( $(date +%s) - t0 )) s"
-    python3 - "$OUT/probe-$stack-native.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-e = r.get("environment") or {}
-print("env:", e.get("where"), e.get("python"), e.get("torch"), e.get("torch_cuda"), "nvcc", e.get("toolkit"),
-      "lock_match", e.get("lock_match"), len(e.get("deviations", [])), "deviations")
-for d in e.get("deviations", [])[:40]:
-    print("   ", d)
-for p in r["results"]:
-    print(f"{p['status']:5} {p['id']:22} {p['duration_s']:7.1f}s {p.get('signature') or ''} {p['reason'][:160]}")
-PY
+    cat "$LOGS/probe-cli.log"   # the report's table: environment, deviations, one line per probe
     pack_logs ;;
   one)
     probe=${1:?probe name}

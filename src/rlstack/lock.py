@@ -20,6 +20,7 @@ from pathlib import Path
 from rlstack import runner
 from rlstack.errors import LockError, RlstackError, StaleLockError
 from rlstack.paths import project_root
+from rlstack.pkgnames import normalize  # re-exported: lock.normalize is used across the package
 from rlstack.stacks import Stack
 
 HEADER_RE = re.compile(r"^# rlstack-lock: (?P<fields>.*)$", re.M)
@@ -65,10 +66,6 @@ def read_header(text: str) -> dict[str, str]:
 def locked_versions(stack: Stack) -> dict[str, str]:
     """{normalized package name: version} from the stack's lock."""
     return parse_pins(stack.lock_file.read_text())
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def parse_pins(text: str) -> dict[str, str]:

@@ -144,10 +144,9 @@ def row_from_report(report: ProbeReport) -> Row:
         ev = "; ".join(e.render() for e in r.evidence[:3])
         text = r.reason + (f" [{ev}]" if ev else "")
         cells.append(ProbeCell(id=r.id, status=r.status, evidence=text[:600], wall=r.signature))
-    env = report.environment
     return Row(stack=report.stack, lock_hash=report.lock_hash, gpu_arch=report.gpu_arch, driver=report.driver,
                toolkit=report.toolkit, source="measured", date=report.date, host=report.host, probes=cells,
-               environment=env, versions=dict(env.versions) if env else {})
+               environment=report.environment)
 
 
 def merge_rows(existing: list[Row], incoming: Iterable[Row]) -> list[Row]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -28,7 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlstack.errors import RlstackError  # standard library only, like this module
+from rlstack.errors import RlstackError  # these three are standard library only, like this module
+from rlstack.fileio import sha256_file
+from rlstack.pkgnames import normalize, public_version
 
 PARTS_FILE = "parts.json"
 MANIFEST = "manifest.json"
@@ -50,12 +53,6 @@ class Pick:
     why: str
 
 
-def _norm(name: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def read_host_packages(path: Path) -> dict[str, str]:
     """{normalized name: version} from `pip list --format=json` (or `pip freeze` lines) taken on the host."""
     try:
@@ -69,7 +66,7 @@ def read_host_packages(path: Path) -> dict[str, str]:
         data = None
     if isinstance(data, list):
         try:
-            return {_norm(d["name"]): str(d["version"]) for d in data}
+            return {normalize(d["name"]): str(d["version"]) for d in data}
         except (KeyError, TypeError):
             raise NativeError(f"{path}: a JSON list, but not of pip list's {{name, version}} entries",
                               "use: python3 -m pip list --format=json") from None
@@ -82,7 +79,7 @@ def read_host_packages(path: Path) -> dict[str, str]:
             raise NativeError(f"{path}:{n}: '{line[:80]}' is neither pip list JSON nor a 'name==version' line",
                               "use: python3 -m pip list --format=json")
         name, version = line.split("==", 1)
-        out[_norm(name)] = version.strip()
+        out[normalize(name)] = version.strip()
     return out
 
 
@@ -91,15 +88,15 @@ def plan(locked: dict[str, str], host: dict[str, str], *, skip: dict[str, str] |
     """Decide per locked package. A host copy at the lock's version (ignoring a local label such as +cu130)
     is used as it is; `keep_host` names packages whose host copy stays even at another version (numpy, when
     host libraries were compiled against the newer one); `skip` names packages the probes do not need."""
-    skip = {_norm(k): v for k, v in (skip or {}).items()}
-    keep = {_norm(k) for k in keep_host or set()}
+    skip = {normalize(k): v for k, v in (skip or {}).items()}
+    keep = {normalize(k) for k in keep_host or set()}
     unknown = sorted((set(skip) | keep) - set(locked))
     if unknown:
         raise NativeError(f"not in the lock: {', '.join(unknown)}", "name packages of the stack's lock")
     picks = []
     for name, version in sorted(locked.items()):
         have = host.get(name)
-        if have is not None and have.split("+")[0] == version.split("+")[0]:
+        if have is not None and public_version(have) == public_version(version):
             picks.append(Pick(name, version, "host", f"the host has {have}"))
         elif name in skip:
             picks.append(Pick(name, version, "skip", skip[name]))
@@ -108,14 +105,6 @@ def plan(locked: dict[str, str], host: dict[str, str], *, skip: dict[str, str] |
         else:
             picks.append(Pick(name, version, "carry", f"the host has {have}" if have else "not on the host"))
     return picks
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def split(tar: Path, out_dir: Path, part_bytes: int) -> list[dict[str, Any]]:
@@ -168,7 +157,7 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
             for i, p in enumerate(carry, 1):
                 print(f"rlstack: [{i}/{len(carry)}] {p.name}=={p.version}", file=sys.stderr, flush=True)
                 whl = cache.fetch(locked[p.name], python, platform)
-                wheels.append({"name": p.name, "version": p.version, "file": whl.name, "sha256": _sha256(whl),
+                wheels.append({"name": p.name, "version": p.version, "file": whl.name, "sha256": sha256_file(whl),
                                "size": whl.stat().st_size})
                 tar.add(whl, arcname=f"wheels/{whl.name}")
             manifest = {"stack": stack.name, "lock_hash": lock.lock_hash(stack), "python": python,
@@ -176,12 +165,10 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
             data = json.dumps(manifest, indent=1).encode()
             info = tarfile.TarInfo(MANIFEST)
             info.size = len(data)
-            import io
-
             tar.addfile(info, io.BytesIO(data))
         parts = split(tar_path, work, part_mb << 20)
         index = {"stack": stack.name, "lock_hash": manifest["lock_hash"], "python": python,
-                 "tar_sha256": _sha256(tar_path), "tar_size": tar_path.stat().st_size, "parts": parts,
+                 "tar_sha256": sha256_file(tar_path), "tar_size": tar_path.stat().st_size, "parts": parts,
                  "carry": len(carry), "host": sum(p.action == "host" for p in picks),
                  "skip": {p.name: p.why for p in picks if p.action == "skip"}}
         tar_path.unlink()
@@ -208,7 +195,7 @@ def verify_parts(parts_dir: Path) -> dict[str, Any]:
         path = parts_dir / part["name"]
         if not path.is_file():
             bad.append(f"{part['name']} missing")
-        elif path.stat().st_size != part["size"] or _sha256(path) != part["sha256"]:
+        elif path.stat().st_size != part["size"] or sha256_file(path) != part["sha256"]:
             bad.append(f"{part['name']} damaged (size {path.stat().st_size}, expected {part['size']})")
     if bad:
         raise NativeError(f"{parts_dir}: {len(bad)} of {len(index['parts'])} parts unusable: {'; '.join(bad)}",
@@ -248,10 +235,7 @@ def install(parts_dir: Path, target: Path, *, pip: list[str] | None = None) -> d
                               "the parts come from different stagings; carry one staging's parts")
         with tarfile.open(tar_path) as tar:
             tar.extractall(tmp, filter="data")
-        manifest = json.loads((Path(tmp) / MANIFEST).read_text())
-        for w in manifest["wheels"]:
-            if _sha256(Path(tmp) / "wheels" / w["file"]) != w["sha256"]:
-                raise NativeError(f"{w['file']}: sha256 differs from the manifest", "stage again")
+        manifest = json.loads((Path(tmp) / MANIFEST).read_text())  # the tar's sha256 covers every wheel in it
         files = [str(Path(tmp) / "wheels" / w["file"]) for w in manifest["wheels"]]
         target.mkdir(parents=True, exist_ok=True)
         if files:

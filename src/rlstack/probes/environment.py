@@ -20,17 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlstack.lock import normalize
+from rlstack.pkgnames import normalize, public_version
 from rlstack.probes.model import Environment
 from rlstack.probes.wheels import LockedPackage
 from rlstack.stacks import Stack
 
 TOOLKIT_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc-cu13")
-
-
-def public(version: str) -> str:
-    """The version without its local label: PyPI's torch 2.11.0 is the build other indexes call 2.11.0+cu130."""
-    return version.split("+", 1)[0]
 
 
 def installed_versions() -> dict[str, str]:
@@ -93,7 +88,7 @@ def deviations(locked: dict[str, LockedPackage], installed: dict[str, str]) -> l
         have = installed.get(name)
         if have is None:
             out.append(f"{name} missing (lock {pkg.version})")
-        elif public(have) != public(pkg.version):
+        elif public_version(have) != public_version(pkg.version):
             out.append(f"{name} {have} (lock {pkg.version})")
     return out
 

@@ -20,7 +20,14 @@ def table(report: ProbeReport) -> str:
             f"toolkit {report.toolkit or '-'}  torch CUDA {report.torch_cuda or '-'}")
     counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
     foot = f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in {report.duration_s:.1f}s"
-    return "\n".join([head, text_table(["status", "probe", "time", "wall", "reason"], rows), foot])
+    lines = [head]
+    env = report.environment
+    if env is not None:
+        state = "= lock" if env.lock_match else f"{len(env.deviations)} off-lock"
+        lines.append(f"environment {env.where} ({state}): Python {env.python}, torch {env.torch or '-'} "
+                     f"(CUDA {env.torch_cuda or '-'}), nvcc {env.toolkit or '-'} ({env.toolkit_from})")
+        lines += [f"  {d}" for d in env.deviations]
+    return "\n".join([*lines, text_table(["status", "probe", "time", "wall", "reason"], rows), foot])
 
 
 def walls(results: list[ProbeResult]) -> list[tuple[str, list[ProbeResult]]]:

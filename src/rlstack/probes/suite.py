@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rlstack import lock
+from rlstack.errors import RlstackError
 from rlstack.probes import contract, environment, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
 from rlstack.probes.wheels import LockedPackage, SourceSet, WheelCache, WheelError, parse_locked
@@ -109,8 +110,6 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
     layers = list(layers or LAYERS)
     unknown = sorted(set(layers) - set(LAYERS))
     if unknown:
-        from rlstack.errors import RlstackError
-
         raise RlstackError(f"unknown probe layer(s): {', '.join(unknown)}", f"choose from {', '.join(LAYERS)}")
     cache = cache or WheelCache()
     locked = locked_packages(stack)
@@ -126,8 +125,6 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
         toolkit, torch_cuda = env.toolkit, env.torch_cuda
         facts = runtime.gpu_facts()
         if gpu_arch and facts.get("arch") and facts["arch"] != gpu_arch:
-            from rlstack.errors import RlstackError
-
             raise RlstackError(f"--gpu-arch {gpu_arch}, but the GPU here is {facts['arch']} "
                                f"({facts.get('gpu', 'unnamed')}): runtime results would be filed under the wrong arch",
                                "leave out --gpu-arch for a runtime run (the GPU present is what gets measured), "
@@ -135,8 +132,6 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
         fp8 = fp8_runtime if fp8_runtime is not None else stack.name == "fp8"
         unknown_probes = sorted(set(runtime_only or []) - set(runtime.BODIES))
         if unknown_probes:
-            from rlstack.errors import RlstackError
-
             raise RlstackError(f"unknown runtime probe(s): {', '.join(unknown_probes)}",
                                f"choose from {', '.join(runtime.BODIES)}")
         results += runtime.run_all(fp8=fp8, only=runtime_only or None)
