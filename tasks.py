@@ -13,7 +13,7 @@ from invoke import Context, Exit, task
 
 sys.path.insert(0, "src")  # so `invoke` works from a checkout before `pip install -e .`
 
-from rlstack.errors import RlstackError
+from rlstack.core.errors import RlstackError
 
 
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,7 +60,7 @@ def lock(c: Context, stack: str = "", check: bool = False) -> int:
 @friendly
 def docs(c: Context, check: bool = False) -> int:
     """Regenerate the README sections that are derived from data (the stacks table)."""
-    from rlstack import docs as docs_mod
+    from rlstack.host import docs as docs_mod
 
     if check:
         stale = docs_mod.stale_sections()
@@ -182,7 +182,7 @@ def adapters(c: Context, stack: str = "cpu", local: str = "", verify: bool = Fal
 def smoke(c: Context, no_lock_check: bool = False, steps: int = 0, name: str = "") -> int:
     """The main job on a fresh machine without a GPU: lock check, tiny GRPO run on 2 CPU cores, eval of the
     adapter and of its base, and their paired comparison."""
-    from rlstack.smoke import run_smoke
+    from rlstack.host.smoke import run_smoke
 
     return run_smoke(lock_check=not no_lock_check, steps=steps, name=name)
 
@@ -277,7 +277,7 @@ def probe_job(c: Context, stack: str, gpu_arch: str = "none", out: str = "probe-
     """One gpu-probes job: static layers natively, the runtime layer in the stack's image, JSON for the merge."""
     from pathlib import Path
 
-    from rlstack.ci_tools import probe_job as run_probe_job
+    from rlstack.host.ci_tools import probe_job as run_probe_job
 
     return run_probe_job(stack, gpu_arch, Path(out), strict=strict, in_image=not native)
 
@@ -290,7 +290,7 @@ def ci_merge_probes(c: Context, results: str = "probe-results", matrix_file: str
     """The gpu-probes merge job: every probe JSON into compat_matrix.yaml, README section and HTML page."""
     from pathlib import Path
 
-    from rlstack.ci_tools import merge_probe_results
+    from rlstack.host.ci_tools import merge_probe_results
 
     return merge_probe_results(Path(results), Path(matrix_file) if matrix_file else None)
 
@@ -299,7 +299,7 @@ def ci_merge_probes(c: Context, results: str = "probe-results", matrix_file: str
 @friendly
 def ci_free_disk(c: Context, force: bool = False) -> None:
     """Free disk on a hosted GitHub runner before a CUDA image build."""
-    from rlstack.ci_tools import free_disk
+    from rlstack.host.ci_tools import free_disk
 
     free_disk(force=force)
 
@@ -321,7 +321,7 @@ def bench(c: Context, only: str = "", smoke: bool = False, args: str = "") -> in
     import os
     import shlex
 
-    from rlstack.runner import run
+    from rlstack.host.runner import run
 
     names = [n for n in (only.split(",") if only else _BENCH_SCRIPTS) if n]
     unknown = sorted(set(names) - set(_BENCH_SCRIPTS))
@@ -342,7 +342,7 @@ def bench(c: Context, only: str = "", smoke: bool = False, args: str = "") -> in
 @friendly
 def test(c: Context, no_docker: bool = False, gpu: bool = False, k: str = "", fast: bool = False) -> int:
     """Lint, then the test suite: unit, slow (CPU training) and Docker tests; --gpu adds the GPU tests."""
-    from rlstack.devtools import run_tests
+    from rlstack.host.devtools import run_tests
 
     return run_tests(docker=not no_docker, gpu=gpu, keyword=k, fast=fast)
 
@@ -351,7 +351,7 @@ def test(c: Context, no_docker: bool = False, gpu: bool = False, k: str = "", fa
 @friendly
 def lint(c: Context) -> int:
     """ruff over src, tests, bench and tasks.py."""
-    from rlstack.devtools import lint as run_lint
+    from rlstack.host.devtools import lint as run_lint
 
     return run_lint()
 
@@ -360,6 +360,6 @@ def lint(c: Context) -> int:
 @friendly
 def typecheck(c: Context) -> int:
     """mypy over src/rlstack."""
-    from rlstack.devtools import typecheck as run_mypy
+    from rlstack.host.devtools import typecheck as run_mypy
 
     return run_mypy()

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case "$step" in
-    gputest) timeout 240 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tail -15 ;;
+    gputest) timeout 240 python3 -m pytest -q -m gpu tests/payload/gpu -p no:cacheprovider 2>&1 | tail -15 ;;
     rollout*) timeout "${ROLLOUT_TIMEOUT:-420}" python3 bench/rollout_generation.py ${ROLLOUT_ARGS:-} \
                 > "$OUT/rollout.log" 2>&1; tail -c 3000 "$OUT/rollout.log" ;;
     grpo*) timeout "${GRPO_TIMEOUT:-480}" python3 bench/grpo_step.py ${GRPO_ARGS:-} > "$OUT/grpo.log" 2>&1;

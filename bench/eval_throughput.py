@@ -1,6 +1,6 @@
 """GSM8K-style evaluation throughput (questions/s) with the hf backend: batched greedy generate, vs fastgen greedy.
 
-rlstack.evaluate's hf backend is used when it exposes `hf_generate(model, tokenizer, prompts, batch_size,
+rlstack.payload.evaluate's hf backend is used when it exposes `hf_generate(model, tokenizer, prompts, batch_size,
 max_new_tokens)`; otherwise (recorded in the JSON as `loop`) this runs a faithful local loop of what an hf backend
 does: questions in fixed order, batches of `batch_size`, left padding, greedy decoding, decode to text. Random
 weights never stop early, so every question costs max_new_tokens: this is the worst case for a real model.
@@ -23,7 +23,7 @@ import common
 def local_hf_loop(model: Any, tok: Any, prompts: list[str], batch_size: int, max_new: int, fast: bool) -> list[str]:
     import torch
 
-    from rlstack import fastgen
+    from rlstack.payload import fastgen
 
     outs: list[str] = []
     for i in range(0, len(prompts), batch_size):
@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = common.random_prompts(args.questions, [140, 180, 220, 260], seed=7)
     impl = "loop"
     try:
-        from rlstack.evaluate import hf as ev_hf  # type: ignore[attr-defined]
+        from rlstack.payload.evaluate import hf as ev_hf  # type: ignore[attr-defined]
 
         if hasattr(ev_hf, "hf_generate"):
-            impl = "rlstack.evaluate.hf.hf_generate"
+            impl = "rlstack.payload.evaluate.hf.hf_generate"
     except ImportError:
         ev_hf = None
     data["implementation"] = impl

@@ -1,4 +1,4 @@
-"""One GRPO step of the default recipe's shape through TRL 0.24's real GRPOTrainer: TRL defaults vs rlstack.fastgen.
+"""One GRPO step of the default recipe's shape through TRL 0.24's real GRPOTrainer: TRL defaults vs rlstack's fastgen.
 
 Seconds per step split into generation (TRL's _generate_single_turn), scoring (the rest of
 _generate_and_score_completions: decode, rewards, advantages), loss forward+backward (the rest of training_step)
@@ -160,7 +160,7 @@ def run_mode(mode: str, path: str, tok: Any, shape: dict[str, Any], T: int, step
 
     import torch
 
-    from rlstack import fastgen
+    from rlstack.payload import fastgen
 
     trainers: dict[str, Any] = {}
     for name in ("trl_default", "fastgen"):

@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from rlstack import docker, images, stacks  # noqa: E402
-from rlstack.table import markdown_table  # noqa: E402
+from rlstack.core.tables import markdown_table  # noqa: E402
+from rlstack.host import engine, images, stacks  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 REPO = "rlstack-bench"
@@ -51,7 +51,7 @@ def bench_stack(name: str, base_image: str, ca_cert: str | None, keep_cache: boo
         copy_context(ctx)
         stack = stacks.load_stack(name, ctx / "images")
         if not keep_cache:
-            subprocess.run([docker.client(), "builder", "prune", "-af"], check=True, capture_output=True)
+            subprocess.run([engine.client(), "builder", "prune", "-af"], check=True, capture_output=True)
         plan = images.plan(stack, base_image=base_image, ca_cert=ca_cert, root=ctx, repo=REPO)
         cold = timed_build(plan, force=True)
         size = images.size_bytes(plan.tag)
@@ -64,7 +64,7 @@ def bench_stack(name: str, base_image: str, ca_cert: str | None, keep_cache: boo
         before, after = images.layer_digests(plan.tag), images.layer_digests(warm_plan.tag)
         rebuilt = sum(1 for a, b in zip(before, after, strict=False) if a != b)
         if remove:
-            subprocess.run([docker.client(), "rmi", plan.tag, warm_plan.tag, plan.latest], capture_output=True,
+            subprocess.run([engine.client(), "rmi", plan.tag, warm_plan.tag, plan.latest], capture_output=True,
                            check=False)
     return {
         "stack": name,

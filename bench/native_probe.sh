@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 install() {
   [ -f "$SITE/.rlstack-native.json" ] && { echo "installed already: $SITE"; return 0; }
   local t0; t0=$(date +%s)
-  PYTHONPATH=$PWD/src python3 -m rlstack.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
+  PYTHONPATH=$PWD/src python3 -m rlstack.host.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
   echo "install: $(( $(date +%s) - t0 )) s"
 }
 pack_logs() { tar -C "$LOGS" -czf "$OUT/logs-$stack.tgz" . ; }

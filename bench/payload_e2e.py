@@ -1,6 +1,6 @@
 """The payload's own code path end to end on a GPU: `rlstack train` (default recipe, few steps) then `rlstack eval`
 (hf backend) on a Qwen3-4B-shaped random model saved locally, natively (no Docker), with TRL's default generation
-and again with rlstack.fastgen swapped in behind `generate` (`--fastgen`, by class-level patching from here, so
+and again with rlstack.payload.fastgen swapped in behind `generate` (`--fastgen`, by class-level patching from here, so
 the payload's files are untouched). Records step time, tokens/s and questions/s to bench/results/payload_e2e.json.
 
     python bench/payload_e2e.py [--steps 2] [--completion 128] [--eval-n 16]
@@ -27,8 +27,8 @@ def patch_generate_with_fastgen() -> None:
     from peft import PeftModelForCausalLM
     from transformers.generation.utils import GenerationMixin
 
-    from rlstack.fastgen import FastgenError
-    from rlstack.fastgen.hook import _serve
+    from rlstack.payload.fastgen import FastgenError
+    from rlstack.payload.fastgen.hook import _serve
 
     for cls in (PeftModelForCausalLM, GenerationMixin):
         orig = cls.generate

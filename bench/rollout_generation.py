@@ -1,4 +1,4 @@
-"""Rollout generation tokens/s: TRL 0.24's default `generate` call vs rlstack.fastgen, against the bandwidth floor.
+"""Rollout generation tokens/s: TRL 0.24's default `generate` call vs rlstack's fastgen, against the bandwidth floor.
 
 The shape is the default recipe's rollout: prompts x num_generations sequences, fixed completion length (random
 weights never emit EOS reliably, so min_new_tokens = max_new_tokens). The TRL path is reproduced call for call
@@ -26,14 +26,14 @@ RECIPE = common.ROOT / "recipes" / "gsm8k-grpo.toml"
 
 
 def recipe_shape() -> dict[str, Any]:
-    """The default recipe's rollout shape: recipes/gsm8k-grpo.toml through rlstack.recipes when both exist, else
-    rlstack.recipes' defaults (the default recipe's values), else TRL 0.24's GRPOConfig defaults."""
+    """The default recipe's rollout shape: recipes/gsm8k-grpo.toml through rlstack.payload.recipes when both exist, else
+    rlstack.payload.recipes' defaults (the default recipe's values), else TRL 0.24's GRPOConfig defaults."""
     shape: dict[str, Any] = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
                              "num_generations": 8, "max_completion_length": 256, "max_prompt_length": 512,
                              "lora_r": 32, "lora_alpha": 64, "gradient_checkpointing": True,
                              "eval_batch_size": 16, "eval_max_new_tokens": 256, "source": "trl-0.24-defaults"}
     try:
-        from rlstack import recipes
+        from rlstack.payload import recipes
 
         if RECIPE.exists():
             r = recipes.load(RECIPE)
@@ -41,14 +41,14 @@ def recipe_shape() -> dict[str, Any]:
             source = str(RECIPE.relative_to(common.ROOT))
         else:
             g, lora, ev = recipes.GrpoSpec(), recipes.LoraSpec(), recipes.EvalSpec()
-            source = "rlstack.recipes defaults"
+            source = "rlstack.payload.recipes defaults"
         shape.update(per_device_train_batch_size=g.per_device_train_batch_size,
                      gradient_accumulation_steps=g.gradient_accumulation_steps, num_generations=g.num_generations,
                      max_completion_length=g.max_completion_length, max_prompt_length=g.max_prompt_length,
                      gradient_checkpointing=g.gradient_checkpointing, lora_r=lora.r, lora_alpha=lora.alpha,
                      eval_batch_size=ev.batch_size, eval_max_new_tokens=ev.max_new_tokens, source=source)
-    except Exception as exc:  # rlstack.recipes absent or its deps (pydantic) missing: TRL defaults
-        shape["source"] += f" (rlstack.recipes unavailable: {type(exc).__name__}: {exc})"[:200]
+    except Exception as exc:  # rlstack.payload.recipes absent or its deps (pydantic) missing: TRL defaults
+        shape["source"] += f" (rlstack.payload.recipes unavailable: {type(exc).__name__}: {exc})"[:200]
     gen_batch = shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"]
     shape["generation_batch"] = gen_batch
     shape["prompts_per_step"] = gen_batch // shape["num_generations"]
@@ -107,7 +107,7 @@ def check_same_function(pm: Any, engine: Any, inputs: dict[str, Any], n_tokens: 
     tokens, and its logits' relative error on the last position."""
     import torch
 
-    from rlstack import fastgen
+    from rlstack.payload import fastgen
 
     seq = engine.generate(inputs["input_ids"], inputs["attention_mask"], n_tokens,
                           fastgen.Sampling(do_sample=False, pad_token_id=common.PAD_ID))
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlstack import fastgen
+    from rlstack.payload import fastgen
 
     torch.backends.cuda.matmul.allow_tf32 = True
     shape = recipe_shape()

@@ -16,7 +16,7 @@ def stack_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("Dockerfile*"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     monkeypatch.setenv("RLSTACK_ROOT", str(tmp_path))
-    from rlstack import paths
+    from rlstack.core import paths
 
     paths.project_root.cache_clear()
     yield tmp_path

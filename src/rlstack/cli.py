@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from rlstack import __version__
-from rlstack.errors import RlstackError
+from rlstack.core.errors import RlstackError
 
 # Each module defines `register(subparsers)`; a parser's `func(args) -> int` does the work.
 COMMAND_MODULES = [

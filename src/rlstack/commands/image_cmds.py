@@ -10,9 +10,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from rlstack import containers, docker, images, runner, stacks
-from rlstack.errors import DockerError
-from rlstack.table import text_table
+from rlstack.core.errors import DockerError
+from rlstack.core.tables import text_table
+from rlstack.host import containers, engine, images, runner, stacks
 
 
 def _build_flags(p: argparse.ArgumentParser) -> None:
@@ -81,8 +81,8 @@ def _plan(args: argparse.Namespace, **kw: Any) -> images.BuildPlan:
 
 def _existing(args: argparse.Namespace) -> images.BuildPlan:
     p = _plan(args)
-    docker.engine_info()
-    if not docker.image_exists(p.tag):
+    engine.engine_info()
+    if not engine.image_exists(p.tag):
         raise DockerError(f"{p.tag} is not built (the source or lock changed since)",
                           f"build it: invoke build --stack {args.stack}")
     return p
@@ -151,8 +151,8 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     argv = ["adapters", "--json", *(["--verify"] if args.verify else [])]
     spec = containers.spec_for(stack, tag, argv, adapters_read_only=True)
     spec = replace(spec, gpus=False)  # reading manifests needs no GPU
-    docker.engine_info()
-    proc = runner.run(containers.run_command(spec, docker.client()), capture=True, check=False)
+    engine.engine_info()
+    proc = runner.run(containers.run_command(spec, engine.client()), capture=True, check=False)
     if proc.returncode != 0:
         raise DockerError(f"listing the adapters volume failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
     manifests = json.loads(proc.stdout or "[]")

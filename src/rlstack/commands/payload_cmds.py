@@ -80,8 +80,8 @@ def _recipe_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlstack import recipes
-    from rlstack.train import grpo
+    from rlstack.payload import recipes
+    from rlstack.payload.train import grpo
 
     recipe = recipes.load(args.recipe, _recipe_overrides(args))
     res = grpo.run(recipe, adapter_name=args.adapter_name, adapters_root=args.adapters_root, run_dir=args.output,
@@ -96,8 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def eval_config(args: argparse.Namespace) -> Any:
     """Flags over the recipe's [eval] section (the given recipe, else the adapter's own), over defaults."""
-    from rlstack import adapters, recipes
-    from rlstack.evaluate.gsm8k import EvalConfig
+    from rlstack.payload import adapters, recipes
+    from rlstack.payload.evaluate.gsm8k import EvalConfig
 
     recipe: dict[str, Any] = {}
     if args.recipe:
@@ -122,7 +122,7 @@ def eval_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlstack.evaluate import gsm8k
+    from rlstack.payload.evaluate import gsm8k
 
     result = gsm8k.run(eval_config(args))
     if args.json:
@@ -136,7 +136,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    from rlstack.evaluate import gsm8k
+    from rlstack.payload.evaluate import gsm8k
 
     gsm8k.rescore(args.generations, args.output)
     return 0
@@ -162,7 +162,7 @@ def format_compare(c: dict[str, Any]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rlstack.evaluate import gsm8k
+    from rlstack.payload.evaluate import gsm8k
 
     c = gsm8k.compare(args.base, args.tuned, iters=args.iters)
     print(json.dumps(c, indent=2) if args.json else format_compare(c))
@@ -170,7 +170,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_adapters(args: argparse.Namespace) -> int:
-    from rlstack import adapters
+    from rlstack.payload import adapters
 
     root = args.root or adapters.default_root()
     manifests = adapters.list_adapters(root)

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from rlstack.errors import RlstackError
+from rlstack.core.errors import RlstackError
 
 FP8_QUESTION = "FP8 GRPO (Unsloth load_in_fp8 + vLLM rollouts, fp8 stack) on {arch}"
 
@@ -127,7 +127,7 @@ def _skips(specs: list[str]) -> dict[str, str]:
 
 
 def cmd_native_stage(args: argparse.Namespace) -> int:
-    from rlstack import native
+    from rlstack.host import native
 
     out = args.out or Path(".stage") / args.stack
     index = native.stage(args.stack, args.host_packages, out, python=args.python, platform=args.platform,
@@ -140,7 +140,7 @@ def cmd_native_stage(args: argparse.Namespace) -> int:
     for name, why in index["skip"].items():
         print(f"  left out {name}: {why}")
     print(f"on the GPU host, with every part and {native.PARTS_FILE} in one folder DIR:\n"
-          f"  python3 -m rlstack.native install --parts DIR --target /tmp/site-{index['stack']}\n"
+          f"  python3 -m rlstack.host.native install --parts DIR --target /tmp/site-{index['stack']}\n"
           f"  PYTHONPATH=/tmp/site-{index['stack']}:src python3 -m rlstack.cli probe --stack {index['stack']} "
           f"--layer runtime --json -o probe.json")
     return 0

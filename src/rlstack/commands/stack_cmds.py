@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from rlstack import lock, stacks
-from rlstack.errors import StaleLockError
-from rlstack.stack_table import HEADERS, stack_row
-from rlstack.table import text_table
+from rlstack.core.errors import StaleLockError
+from rlstack.core.tables import text_table
+from rlstack.host import locks, stacks
+from rlstack.host.stack_table import HEADERS, stack_row
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         stale = []
         for name in names:
             try:
-                lock.check(stacks.load_stack(name))
+                locks.check(stacks.load_stack(name))
                 print(f"lock ok: {name}")
             except StaleLockError as exc:
                 print(f"lock STALE: {exc}", file=sys.stderr)
@@ -37,7 +37,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
             return StaleLockError.exit_code
         return 0
     for name in names:
-        path = lock.write_lock(stacks.load_stack(name))
+        path = locks.write_lock(stacks.load_stack(name))
         print(f"wrote {path}")
     return 0
 
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ci_matrix(args: argparse.Namespace) -> int:
-    from rlstack import ci_matrix
+    from rlstack.host import ci_matrix
 
     names = stacks.resolve_names(args.stack) if args.stack else None
     text = ci_matrix.matrix_json(args.kind, names)

@@ -20,10 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlstack.pkgnames import normalize, public_version
+from rlstack.core.pkgnames import normalize, public_version
+from rlstack.host.stacks import Stack
 from rlstack.probes.model import Environment
 from rlstack.probes.wheels import LockedPackage
-from rlstack.stacks import Stack
 
 TOOLKIT_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc-cu13")
 

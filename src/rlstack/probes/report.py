@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rlstack.core.tables import text_table
 from rlstack.probes import signatures
 from rlstack.probes.model import ProbeReport, ProbeResult
-from rlstack.table import text_table
 
 MARK = {"pass": "PASS", "fail": "FAIL", "skip": "skip"}
 

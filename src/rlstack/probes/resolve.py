@@ -15,10 +15,10 @@ import json
 import os
 import re
 
-from rlstack import lock
+from rlstack.host import locks
+from rlstack.host.stacks import Stack
 from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.wheels import cache_dir
-from rlstack.stacks import Stack
 
 PIN_CLAUSE = re.compile(r"[A-Za-z0-9_.-]+==[^\s,]+")
 # uv's words when it could not reach the index: that is no answer about the pins, so the probe skips
@@ -38,8 +38,8 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
     if path.is_file() and not fresh:
         d = json.loads(path.read_text())
         return d["ok"], d["text"], d["command"]
-    res = lock.resolve(reqs, python, platform, hashes=False)
-    text = res.text if not res.ok else f"{len(lock.parse_pins(res.text))} packages pinned"
+    res = locks.resolve(reqs, python, platform, hashes=False)
+    text = res.text if not res.ok else f"{len(locks.parse_pins(res.text))} packages pinned"
     cmd = " ".join(res.command)
     if not res.ok and OFFLINE.search(text) and "No solution found" not in text:
         return res.ok, text, cmd  # not an answer: do not cache it
@@ -51,7 +51,7 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
 
 
 def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
-    reqs = lock.resolver_input(stack)
+    reqs = locks.resolver_input(stack)
     ok, text, cmd = _cached_resolve(reqs, stack.python, stack.platform, fresh)
     if not ok and (off := _offline(f"resolve:{stack.name}", text, cmd)):
         return off
@@ -66,7 +66,7 @@ def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
 
 def probe_coinstall(base: Stack, other: Stack, *, fresh: bool = False) -> ProbeResult:
     pid = f"resolve:coinstall:{base.name}+{other.name}"
-    reqs = [*lock.resolver_input(base), *other.top_level]
+    reqs = [*locks.resolver_input(base), *other.top_level]
     ok, text, cmd = _cached_resolve(reqs, base.python, base.platform, fresh)
     if not ok and (off := _offline(pid, text, cmd)):
         return off

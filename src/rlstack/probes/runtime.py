@@ -107,8 +107,8 @@ def body_fp8_matmul() -> None:
 
 
 def _tiny_model() -> str:
-    from rlstack import tiny
-    from rlstack.recipes import TinySpec
+    from rlstack.payload import tiny
+    from rlstack.payload.recipes import TinySpec
 
     spec = TinySpec(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=512)
@@ -142,8 +142,8 @@ def body_vllm_lora() -> None:
 
 def body_grpo_step() -> None:
     _cuda()
-    if not _have("rlstack.train.grpo"):
-        _emit("skip", "rlstack.train is not in this installation")
+    if not _have("rlstack.payload.train.grpo"):
+        _emit("skip", "rlstack.payload.train is not in this installation")
         return
     with tempfile.TemporaryDirectory(prefix="rlstack-probe-grpo-") as tmp:
         cmd = [sys.executable, "-m", "rlstack.cli", "train", "--recipe", "smoke-cpu", "--max-steps", "1",

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from rlstack.errors import RlstackError
+from rlstack.core.errors import RlstackError
 from rlstack.probes.model import ProbeResult
 
 SIGNATURES_FILE = Path(__file__).with_name("signatures.yaml")

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlstack import lock
+from rlstack.host import locks
+from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import toolchain
 from rlstack.probes.model import ProbeResult
 from rlstack.probes.wheels import INDEX_URL, WheelCache, _get, cache_dir, parse_locked
-from rlstack.stacks import Stack, load_stack
 
 FINAL_RE = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 NVCC = {"12": "nvidia-cuda-nvcc-cu12", "13": "nvidia-cuda-nvcc"}
@@ -35,10 +35,10 @@ def vkey(v: str) -> tuple[int, ...]:
 
 def index_versions(name: str, max_age_s: float = 86400) -> list[str]:
     """Final releases of a package on the index, oldest first (PEP 691 'versions'; cached a day)."""
-    path = cache_dir() / "index" / f"{lock.normalize(name)}.versions.json"
+    path = cache_dir() / "index" / f"{locks.normalize(name)}.versions.json"
     if path.is_file() and time.time() - path.stat().st_mtime < max_age_s:
         return list(json.loads(path.read_text()))
-    with _get(f"{INDEX_URL}/{lock.normalize(name)}/", "application/vnd.pypi.simple.v1+json") as resp:
+    with _get(f"{INDEX_URL}/{locks.normalize(name)}/", "application/vnd.pypi.simple.v1+json") as resp:
         data = json.load(resp)
     versions = data.get("versions") or sorted({f["filename"].split("-")[1] for f in data.get("files", [])
                                                 if f["filename"].endswith(".whl")})
@@ -92,10 +92,10 @@ class Candidate:
 
 def _pinned_top_level(stack: Stack) -> dict[str, str]:
     """{package: locked version} for the stack's top-level requirements that pin or bound a version."""
-    locked = lock.locked_versions(stack)
+    locked = locks.locked_versions(stack)
     out = {}
     for line in stack.top_level:
-        name = lock.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
+        name = locks.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
         if re.search(r"[<>=~]", line) and name in locked:
             out[name] = locked[name]
     return out
@@ -126,10 +126,10 @@ def candidates(stack: Stack, *, newer: int = 3, older: int = 1) -> list[Candidat
 def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> list[str]:
     """The candidate's requirements: a chosen version is pinned; 'resolver's pick' is bounded below by the
     locked version, so the search never wanders back to ancient releases that merely lack the checked code."""
-    locked = lock.locked_versions(stack)
+    locked = locks.locked_versions(stack)
     reqs = []
     for line in stack.top_level:
-        name = lock.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
+        name = locks.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
         if name in cand.pins:
             v = cand.pins[name]
             reqs.append(f"{name}=={v}" if v else f"{name}>={locked[name]}")
@@ -137,10 +137,10 @@ def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> lis
             reqs.append(line)
     if toolkit_pin:
         reqs.append(toolkit_pin)
-    return [*reqs, *lock.project_dependencies(stack.folder.parent.parent)]
+    return [*reqs, *locks.project_dependencies(stack.folder.parent.parent)]
 
 
-def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> lock.Resolution:
+def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> locks.Resolution:
     """lock.resolve, cached by its input (a search re-visits the same resolutions)."""
     import hashlib
     import os
@@ -149,8 +149,8 @@ def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> lock.
     path = cache_path() / f"{key}.json"
     if path.is_file():
         d = json.loads(path.read_text())
-        return lock.Resolution(d["ok"], d["text"], d["command"])
-    res = lock.resolve(reqs, python, platform, hashes=hashes)
+        return locks.Resolution(d["ok"], d["text"], d["command"])
+    res = locks.resolve(reqs, python, platform, hashes=hashes)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"ok": res.ok, "text": res.text, "command": res.command}))
@@ -223,7 +223,7 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
             if progress:
                 print(f"suggest: {cand.describe()}: does not resolve", file=sys.stderr, flush=True)
             continue
-        pins = lock.parse_pins(res.text)
+        pins = locks.parse_pins(res.text)
         cand.torch = pins.get("torch")
         runtime = pins.get("nvidia-cuda-runtime-cu12") or pins.get("nvidia-cuda-runtime")
         torch_cuda = ".".join(runtime.split(".")[:2]) if runtime else None

@@ -8,12 +8,12 @@ import platform
 import time
 from pathlib import Path
 
-from rlstack import lock
-from rlstack.errors import RlstackError
+from rlstack.core.errors import RlstackError
+from rlstack.host import locks
+from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import contract, environment, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
 from rlstack.probes.wheels import LockedPackage, SourceSet, WheelCache, WheelError, parse_locked
-from rlstack.stacks import Stack, load_stack
 
 
 def locked_packages(stack: Stack, lock_text: str | None = None) -> dict[str, LockedPackage]:
@@ -137,7 +137,7 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
         results += runtime.run_all(fp8=fp8, only=runtime_only or None)
     results = [signatures.match_result(r) for r in results]
     return ProbeReport(
-        stack=stack.name, lock_hash=lock.lock_hash(stack), gpu_arch=gpu_arch or facts.get("arch"),
+        stack=stack.name, lock_hash=locks.lock_hash(stack), gpu_arch=gpu_arch or facts.get("arch"),
         toolkit=toolkit, torch_cuda=torch_cuda, driver=facts.get("driver"), host=platform.node(),
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), layers=layers, results=results,
         duration_s=round(time.perf_counter() - t0, 3), environment=env)

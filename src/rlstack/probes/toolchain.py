@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstack.lock import normalize
+from rlstack.host.locks import normalize
 from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.wheels import SourceSet, cache_dir, sha256_file
 

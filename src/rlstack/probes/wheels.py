@@ -22,9 +22,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from rlstack.errors import RlstackError
-from rlstack.fileio import sha256_file
-from rlstack.lock import normalize
+from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import sha256_file
+from rlstack.host.locks import normalize
 
 INDEX_URL = os.environ.get("RLSTACK_INDEX_URL", "https://pypi.org/simple")
 ENTRY_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)(?P<body>(?:[^\n]*\\\n)*[^\n]*)",

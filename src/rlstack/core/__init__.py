@@ -1,0 +1,1 @@
+"""Shared by both sides: errors, paths, file and name helpers, tables, option declarations."""

@@ -1,0 +1,1 @@
+"""The host side: stack files, locks, images, containers, the Docker engine, native staging, CI."""

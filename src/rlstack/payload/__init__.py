@@ -1,0 +1,1 @@
+"""The payload: what runs inside a stack (recipes, data, prompt, rewards, train, evaluate, fastgen)."""

@@ -1,0 +1,238 @@
+"""The adapter store: a LoRA adapter folder plus `manifest.json`, written atomically and verified before use.
+
+An adapter is only ever visible under its final name once every file is on disk and hashed: it is built in
+`<root>/.tmp-<name>-<random>`, each file is fsynced, and the folder is renamed into place with os.replace.
+A reader that finds `<root>/<name>` therefore finds a complete adapter or, after tampering or a truncated
+copy, one that `verify` refuses with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlstack import __version__
+from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import fsync_path, sha256_file
+
+MANIFEST = "manifest.json"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class AdapterError(RlstackError):
+    """An adapter folder that cannot be used as it is."""
+
+
+class ManifestError(AdapterError):
+    """manifest.json is missing or does not parse."""
+
+
+class IntegrityError(AdapterError):
+    """A file differs from what the manifest recorded (tampered, truncated, missing or extra)."""
+
+    exit_code = 6
+
+
+class BaseModelMismatchError(AdapterError):
+    """The adapter was trained on another base model than the one it is about to be loaded onto."""
+
+    exit_code = 7
+
+
+class Manifest(BaseModel):
+    """What an adapter is and how it was made; `files` pins every other file in the folder by sha256."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_RE.pattern)
+    base_model: str = Field(min_length=1)
+    stack: str = "native"
+    lock_hash: str | None = None
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created: str = Field(description="ISO 8601 time, UTC")
+    files: dict[str, str] = Field(description="relative path -> sha256 hex")
+    rlstack_version: str = __version__
+
+
+def default_root() -> Path:
+    """$RLSTACK_ADAPTERS, else the container volume /adapters when mounted, else ./runs/adapters."""
+    env = os.environ.get("RLSTACK_ADAPTERS")
+    if env:
+        return Path(env)
+    if Path("/adapters").is_dir():
+        return Path("/adapters")
+    return Path("runs") / "adapters"
+
+
+def _walk(folder: Path) -> list[str]:
+    """Every regular file below folder except the manifest, as sorted POSIX relative paths."""
+    out = []
+    for p in folder.rglob("*"):
+        if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST:
+            out.append(p.relative_to(folder).as_posix())
+    return sorted(out)
+
+
+def resolve_lock_hash() -> str | None:
+    """$RLSTACK_LOCK_HASH (images set it), else the hash of the lock of $RLSTACK_STACK's stack (the cpu stack
+    for a native run: the lock a native CPU environment is checked against by `invoke smoke`), else None."""
+    env = os.environ.get("RLSTACK_LOCK_HASH")
+    if env:
+        return env
+    stack_name = os.environ.get("RLSTACK_STACK", "cpu")
+    try:
+        from rlstack.host import locks, stacks
+
+        return locks.lock_hash(stacks.load_stack(stack_name))
+    except Exception:  # no images/ tree here, or no lock: the manifest then says null, not a guess
+        return None
+
+
+def resolve_stack_name() -> str:
+    return os.environ.get("RLSTACK_STACK", "native")
+
+
+def write_adapter(
+    root: Path,
+    name: str,
+    fill: Callable[[Path], None],
+    *,
+    base_model: str,
+    recipe: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    stack: str | None = None,
+    lock_hash: str | None = None,
+    overwrite: bool = False,
+) -> Manifest:
+    """Create `<root>/<name>`: `fill(tmp_dir)` writes the adapter files, then they are hashed, the manifest is
+    written, everything is fsynced and the folder is renamed into place. On any failure the temporary folder is
+    removed and nothing appears under the final name."""
+    if not NAME_RE.match(name):
+        raise AdapterError(f"adapter name {name!r} is not valid", "use letters, digits, '.', '_' and '-' only")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    if final.exists() and not overwrite:
+        raise AdapterError(f"adapter {final} already exists", "pick another --adapter-name or pass --overwrite")
+    tmp = root / f".tmp-{name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        files = {rel: sha256_file(tmp / rel) for rel in _walk(tmp)}
+        if not files:
+            raise AdapterError(f"adapter {name}: the trainer wrote no files")
+        manifest = Manifest(
+            name=name,
+            base_model=base_model,
+            stack=stack if stack is not None else resolve_stack_name(),
+            lock_hash=lock_hash if lock_hash is not None else resolve_lock_hash(),
+            recipe=recipe or {},
+            metrics=metrics or {},
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            files=files,
+        )
+        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
+        for rel in [*files, MANIFEST]:
+            fsync_path(tmp / rel)
+        for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
+            fsync_path(d)
+        if final.exists():  # overwrite: move the old one aside first so the rename is still one step
+            old = root / f".old-{name}-{secrets.token_hex(4)}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        fsync_path(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def read_manifest(adapter_dir: Path) -> Manifest:
+    path = Path(adapter_dir) / MANIFEST
+    if not Path(adapter_dir).is_dir():
+        raise AdapterError(f"{adapter_dir}: no such adapter folder", "list adapters with: invoke adapters")
+    if not path.is_file():
+        raise ManifestError(
+            f"{adapter_dir}: no {MANIFEST}; this folder was not written by rlstack or its write was interrupted",
+            "retrain it, or write a manifest only if you trust the files",
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise ManifestError(f"{path}: malformed manifest: {problems}") from None
+
+
+def verify(adapter_dir: Path, expected_base_model: str | None = None) -> Manifest:
+    """Check every file against the manifest (and the base model when given); return the manifest."""
+    adapter_dir = Path(adapter_dir)
+    manifest = read_manifest(adapter_dir)
+    on_disk = set(_walk(adapter_dir))
+    recorded = set(manifest.files)
+    missing = sorted(recorded - on_disk)
+    extra = sorted(on_disk - recorded)
+    if missing:
+        raise IntegrityError(f"{adapter_dir}: file listed in the manifest is missing: {', '.join(missing)}")
+    if extra:
+        raise IntegrityError(
+            f"{adapter_dir}: file not in the manifest: {', '.join(extra)}", "remove it, or retrain the adapter"
+        )
+    for rel in sorted(recorded):
+        got = sha256_file(adapter_dir / rel)
+        if got != manifest.files[rel]:
+            raise IntegrityError(
+                f"{adapter_dir}: {rel} does not match its sha256 in the manifest (tampered or truncated)",
+                "copy the adapter again or retrain it",
+            )
+    if expected_base_model is not None and expected_base_model != manifest.base_model:
+        raise BaseModelMismatchError(
+            f"{adapter_dir}: adapter was trained on {manifest.base_model!r}, not {expected_base_model!r}",
+            f"evaluate it with --model {manifest.base_model}",
+        )
+    return manifest
+
+
+def find_adapter(spec: str | Path, root: Path | None = None) -> Path:
+    """An adapter given as a path, or as a name under the store root."""
+    p = Path(spec)
+    if p.is_dir():
+        return p
+    candidate = (root or default_root()) / str(spec)
+    if candidate.is_dir():
+        return candidate
+    raise AdapterError(
+        f"adapter {spec!r} not found (looked at {p} and {candidate})", "list adapters with: invoke adapters"
+    )
+
+
+def list_adapters(root: Path | None = None) -> list[Manifest]:
+    """Manifests of the complete adapters under root, by name; temporary folders and broken ones are skipped."""
+    root = Path(root) if root is not None else default_root()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        try:
+            out.append(read_manifest(d))
+        except AdapterError:
+            continue
+    return out

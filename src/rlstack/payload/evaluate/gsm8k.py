@@ -1,0 +1,290 @@
+"""`rlstack eval`: accuracy on GSM8K (or a JSONL / generated problems) with the training prompt and extraction.
+
+Greedy decoding, a fixed question order (the first N of the split, no shuffle) and a fixed seed, so a base run
+and a tuned run score the same questions and `compare` can pair them. Every raw generation is saved with its
+extracted answer (generations.jsonl) so results can be re-scored offline (`rlstack rescore`) when the extractor
+improves; results.json holds accuracy, Wilson interval, counts, config, versions and timings.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rlstack import __version__
+from rlstack.core.errors import RlstackError
+from rlstack.payload import adapters, prompt, stats
+from rlstack.payload.extract import extract, format_fraction, reference_answer
+from rlstack.payload.recipes import ModelSpec, TinySpec
+from rlstack.payload.rewards import format_score
+
+VERSION_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "unsloth", "vllm", "bitsandbytes")
+
+
+class EvalError(RlstackError):
+    pass
+
+
+@dataclass
+class EvalConfig:
+    model: str | None = None  # base model; default: the adapter's manifest base_model
+    adapter: str | None = None
+    backend: str = "hf"
+    data: str = "gsm8k"
+    split: str = "test"
+    n: int = 300
+    seed: int = 0
+    batch_size: int = 16
+    max_new_tokens: int = 512
+    load_in_4bit: bool = False
+    load_in_fp8: bool = False  # vllm backend: quantization="fp8"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tiny: dict[str, Any] | None = None  # [model.tiny] of a recipe, for --model tiny without an adapter
+    output: Path | None = None
+
+
+def versions() -> dict[str, str]:
+    out = {"rlstack": __version__, "python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy, Wilson interval and how answers were found, from generation rows (re-extracting each)."""
+    n = len(rows)
+    if n == 0:
+        raise EvalError("no generations to score")
+    methods: dict[str, int] = {"marker": 0, "boxed": 0, "last_number": 0, "none": 0}
+    per_question: dict[str, bool] = {}
+    for r in rows:
+        ex = extract(r["generation"])
+        r["extracted"] = format_fraction(ex.value)
+        r["method"] = ex.method
+        r["correct"] = ex.value is not None and ex.value == reference_answer(r["reference"])
+        methods[ex.method or "none"] += 1
+        per_question[r["id"]] = r["correct"]
+    k = sum(per_question.values())
+    lo, hi = stats.wilson(k, n)
+    fmt = sum(format_score(r["generation"]) for r in rows) / n
+    return {"n": n, "correct": k, "accuracy": k / n, "wilson_95": [lo, hi], "answer_found_by": methods,
+            "format_reward_mean": fmt, "per_question": per_question}
+
+
+def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest | None, ModelSpec | None]:
+    """(what to load, base id, adapter folder, manifest, model spec from the adapter's recipe)."""
+    adapter_dir = manifest = spec = None
+    if cfg.adapter:
+        adapter_dir = adapters.find_adapter(cfg.adapter)
+        manifest = adapters.verify(adapter_dir, expected_base_model=cfg.model if cfg.model != "tiny" else None)
+        try:
+            spec = ModelSpec.model_validate(manifest.recipe.get("model", {}))
+        except Exception:
+            spec = None
+    base_id = (manifest.base_model if manifest and cfg.model in (None, "tiny") else cfg.model)
+    if not base_id:
+        raise EvalError("no model to evaluate", "pass --model NAME (the base) and/or --adapter NAME")
+    if base_id == "tiny" or base_id.startswith("tiny-"):
+        from rlstack.payload import tiny
+
+        tspec = spec.tiny if spec and spec.tiny else TinySpec.model_validate(cfg.tiny or {})
+        if base_id == "tiny":
+            base_id = tiny.model_id(tspec)
+        if tiny.model_id(tspec) != base_id:
+            raise EvalError(f"cannot rebuild tiny base {base_id}: the adapter's recipe describes "
+                            f"{tiny.model_id(tspec)}", "evaluate with the adapter this base was trained for")
+        return str(tiny.ensure(tspec)), base_id, adapter_dir, manifest, spec
+    return base_id, base_id, adapter_dir, manifest, spec
+
+
+def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questions: list[str]) -> tuple[
+        list[str], list[int], dict[str, float], str]:
+    import torch
+
+    from rlstack.payload.train.loading import load_base_transformers
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, loader, device = load_base_transformers(
+        target, ModelSpec(name=target, load_in_4bit=cfg.load_in_4bit))
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    model.eval()
+    tokenizer.padding_side = "left"
+    load_s = time.perf_counter() - t0
+    prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
+    outputs: list[str] = []
+    lengths: list[int] = []
+    t1 = time.perf_counter()
+    for i in range(0, len(prompts), cfg.batch_size):
+        batch = prompts[i:i + cfg.batch_size]
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        with torch.inference_mode():
+            # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows one).
+            out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]
+        for row in new:
+            ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]
+            lengths.append(len(ids))
+            outputs.append(tokenizer.decode(ids, skip_special_tokens=True))
+        print(f"rlstack eval: {min(i + cfg.batch_size, len(prompts))}/{len(prompts)} generated",
+              file=sys.stderr, flush=True)
+    gen_s = time.perf_counter() - t1
+    return outputs, lengths, {"load_s": load_s, "generate_s": gen_s}, f"{loader}@{device}"
+
+
+def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Manifest | None, cfg: EvalConfig,
+                   questions: list[str]) -> tuple[list[str], list[int], dict[str, float], str]:
+    """vLLM with the LoRA adapter as a LoRARequest (the fp8 stack's path)."""
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
+    except ImportError:
+        raise EvalError("the vllm backend needs vllm, which is not installed in this stack",
+                        "use --backend hf, or run in the fp8 stack: invoke eval --stack fp8") from None
+    t0 = time.perf_counter()
+    rank = int((manifest.recipe.get("lora") or {}).get("r", 64)) if manifest else 64
+    extra: dict[str, Any] = {"quantization": "fp8"} if cfg.load_in_fp8 else {}
+    llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed,
+              **extra)
+    load_s = time.perf_counter() - t0
+    tokenizer = llm.get_tokenizer()
+    prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    lora = LoRARequest("adapter", 1, str(adapter_dir)) if adapter_dir is not None else None
+    t1 = time.perf_counter()
+    results = llm.generate(prompts, params, lora_request=lora)
+    gen_s = time.perf_counter() - t1
+    texts = [r.outputs[0].text for r in results]
+    lengths = [len(r.outputs[0].token_ids) for r in results]
+    return texts, lengths, {"load_s": load_s, "generate_s": gen_s}, "vllm"
+
+
+def default_runs_dir() -> Path:
+    return Path(os.environ.get("RLSTACK_RUNS", "runs"))
+
+
+def default_output(cfg: EvalConfig, base_id: str) -> Path:
+    label = Path(cfg.adapter).name if cfg.adapter else base_id.replace("/", "_")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return default_runs_dir() / "eval" / f"{label}-{cfg.backend}-{stamp}"
+
+
+def run(cfg: EvalConfig) -> dict[str, Any]:
+    from rlstack.payload.data import load_problems
+
+    target, base_id, adapter_dir, manifest, _ = _base_for(cfg)
+    problems = load_problems(cfg.data, split=cfg.split, n=cfg.n, seed=cfg.seed, shuffle=False)
+    out_dir = cfg.output or default_output(cfg, base_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    questions = [p.question for p in problems]
+    if cfg.backend == "hf":
+        texts, lengths, timings, engine = _generate_hf(target, adapter_dir, cfg, questions)
+    elif cfg.backend == "vllm":
+        texts, lengths, timings, engine = _generate_vllm(target, adapter_dir, manifest, cfg, questions)
+    else:
+        raise EvalError(f"unknown backend {cfg.backend!r}", "use --backend hf or --backend vllm")
+    rows = [{"id": p.id, "question": p.question, "reference": p.answer, "generation": t, "new_tokens": n}
+            for p, t, n in zip(problems, texts, lengths, strict=True)]
+    scored = score(rows)
+    gen_path = out_dir / "generations.jsonl"
+    gen_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    total_tokens = sum(lengths)
+    timings["new_tokens_per_s"] = total_tokens / timings["generate_s"] if timings["generate_s"] else 0.0
+    result = {
+        **{k: v for k, v in scored.items() if k != "per_question"},
+        "config": {"model": base_id, "adapter": str(adapter_dir) if adapter_dir else None,
+                   "adapter_name": manifest.name if manifest else None, "backend": cfg.backend, "engine": engine,
+                   "data": cfg.data, "split": cfg.split, "n_requested": cfg.n, "seed": cfg.seed,
+                   "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "greedy": True,
+                   "load_in_4bit": cfg.load_in_4bit, "load_in_fp8": cfg.load_in_fp8,
+                   "chat_template_kwargs": cfg.chat_template_kwargs, "prompt_version": prompt.PROMPT_VERSION},
+        "stack": os.environ.get("RLSTACK_STACK", "native"),
+        "lock_hash": adapters.resolve_lock_hash(),
+        "versions": versions(),
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "generations": gen_path.name,
+        "per_question": scored["per_question"],
+    }
+    (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    result["output_dir"] = str(out_dir)
+    print(f"rlstack eval: accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}), Wilson 95% "
+          f"[{result['wilson_95'][0]:.4f}, {result['wilson_95'][1]:.4f}] -> {out_dir / 'results.json'}",
+          file=sys.stderr)
+    return result
+
+
+def rescore(generations: Path, output: Path | None = None) -> dict[str, Any]:
+    """Re-extract and re-score a generations.jsonl with the current extractor (no model needed)."""
+    generations = Path(generations)
+    if not generations.is_file():
+        raise EvalError(f"{generations}: no such generations file")
+    rows = []
+    for lineno, line in enumerate(generations.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            _ = row["id"], row["generation"], row["reference"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise EvalError(f"{generations}:{lineno}: not a generation row ({exc})") from None
+        rows.append(row)
+    scored = score(rows)
+    prior_path = generations.with_name("results.json")
+    prior = json.loads(prior_path.read_text()) if prior_path.is_file() else {}
+    result = {**prior, **{k: v for k, v in scored.items()}, "rescored": datetime.now(UTC).isoformat(timespec="seconds"),
+              "rescored_with": __version__}
+    out = output or generations.with_name("results.rescored.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"rlstack rescore: accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}) -> {out}",
+          file=sys.stderr)
+    return result
+
+
+def compare(base_path: Path, tuned_path: Path, *, iters: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """Paired comparison of two results.json on the questions both scored."""
+    def load(p: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(Path(p).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EvalError(f"{p}: cannot read results ({exc})") from None
+        if "per_question" not in data:
+            raise EvalError(f"{p}: no per_question outcomes (not written by rlstack eval?)")
+        return data
+
+    base, tuned = load(base_path), load(tuned_path)
+    bq, tq = base["per_question"], tuned["per_question"]
+    common = [q for q in bq if q in tq]
+    if not common:
+        raise EvalError("the two results share no questions", "evaluate both on the same data, split and -n")
+    only = len(bq) + len(tq) - 2 * len(common)
+    b = [bool(bq[q]) for q in common]
+    t = [bool(tq[q]) for q in common]
+    res = stats.paired(b, t, iters=iters, seed=seed)
+    out = {
+        "n": res.n, "base_correct": res.base_correct, "tuned_correct": res.tuned_correct,
+        "base_accuracy": res.base_correct / res.n, "tuned_accuracy": res.tuned_correct / res.n,
+        "delta_points": 100 * res.delta, "bootstrap_95_points": [100 * res.ci[0], 100 * res.ci[1]],
+        "discordant": {"base_only": res.base_only, "tuned_only": res.tuned_only},
+        "mcnemar_exact_p": res.p_value, "significant_at_0.05": res.p_value < 0.05,
+        "unpaired_questions": only,
+        "flips": {"fixed": [q for q in common if tq[q] and not bq[q]],
+                  "broken": [q for q in common if bq[q] and not tq[q]]},
+        "base": str(base_path), "tuned": str(tuned_path),
+    }
+    return out

@@ -1,0 +1,114 @@
+"""A tiny causal LM built locally: random weights from a transformers config and a BPE tokenizer trained with
+`tokenizers` on generated problems. No download anywhere, so CPU smoke runs and tests work offline.
+
+The build is deterministic (seeded), cached under runs/tiny/<hash>/, and named `tiny-<hash>`: that name is the
+adapter's base_model, so evaluation can rebuild or find exactly the base an adapter was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rlstack.payload.recipes import TinySpec
+
+# '####' is one token so the format the reward asks for is reachable in a single sampling decision.
+MARKER_TOKEN = "####"
+EOS = "<|endoftext|>"
+
+
+def spec_hash(spec: TinySpec) -> str:
+    data = spec.model_dump(mode="json")
+    if data.get("tie_word_embeddings") is True:
+        del data["tie_word_embeddings"]  # the default, added later: existing tiny models keep their names
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def model_id(spec: TinySpec) -> str:
+    return f"tiny-{spec_hash(spec)}"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLSTACK_TINY_CACHE", "runs/tiny"))
+
+
+def build_tokenizer(spec: TinySpec) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlstack.payload import prompt
+    from rlstack.payload.data.generator import generate
+
+    problems = generate(spec.tokenizer_corpus, seed=spec.seed + 7)
+    corpus = [prompt.plain(p.question) + " " + (p.solution or p.answer) for p in problems]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.add_tokens([MARKER_TOKEN])
+    fast.padding_side = "left"
+    return fast
+
+
+def build(spec: TinySpec) -> tuple[Any, Any]:
+    """(model, tokenizer), freshly built from the spec."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    tokenizer = build_tokenizer(spec)
+    common: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    config: Any
+    if spec.architecture == "qwen3":
+        common["head_dim"] = spec.hidden_size // spec.num_attention_heads
+        config = Qwen3Config(**common)
+    else:
+        config = LlamaConfig(**common)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def ensure(spec: TinySpec, root: Path | None = None) -> Path:
+    """The folder holding the tiny base model and tokenizer, built once and then reused."""
+    folder = (root or cache_dir()) / model_id(spec)
+    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        return folder
+    model, tokenizer = build(spec)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rlstack-tiny.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=2))
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process built it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder

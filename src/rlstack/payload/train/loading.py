@@ -1,0 +1,183 @@
+"""Model loading by what the stack has: Unsloth's FastLanguageModel where it imports, else transformers + peft
+(+ bitsandbytes 4-bit on a GPU when the recipe asks). The FP8 RL path (load_in_fp8 + fast_inference, vLLM
+rollouts) is only tried when asked for with --fp8, and fails with a message that points at the probe.
+
+Imports of torch/transformers/peft/unsloth happen inside these functions: `import rlstack.payload.train.loading` is
+cheap, and unsloth is imported before transformers/trl when it is used, which it requires for its patches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rlstack.core.errors import RlstackError
+from rlstack.payload.recipes import LoraSpec, ModelSpec
+
+
+class ModelLoadError(RlstackError):
+    pass
+
+
+class Fp8UnavailableError(RlstackError):
+    exit_code = 8
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    base_model: str  # the id recorded in the adapter manifest
+    loader: str  # "unsloth", "unsloth-fp8", "transformers", "transformers+bnb4"
+    device: str
+
+
+def has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def cuda_available() -> bool:
+    if not has("torch"):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def resolve_base(spec: ModelSpec) -> tuple[str, str]:
+    """(what to load: hub id or folder, the id recorded as base_model)."""
+    if spec.name == "tiny":
+        from rlstack.payload import tiny
+
+        assert spec.tiny is not None
+        return str(tiny.ensure(spec.tiny)), tiny.model_id(spec.tiny)
+    return spec.name, spec.name
+
+
+def check_fp8() -> None:
+    """The FP8 RL path needs unsloth, vllm and a CUDA GPU in one environment; say which part is missing."""
+    missing = [m for m in ("unsloth", "vllm") if not has(m)]
+    problems = []
+    if missing:
+        problems.append(f"not installed here: {', '.join(missing)}")
+    if not cuda_available():
+        problems.append("no CUDA GPU visible")
+    if problems:
+        raise Fp8UnavailableError(
+            "the FP8 RL path (Unsloth load_in_fp8 + fast_inference with vLLM rollouts) is not available: "
+            + "; ".join(problems),
+            "run 'invoke probe-fp8' to see which wall this stack hits (the report found three on Blackwell); "
+            "train without --fp8 for the portable path",
+        )
+
+
+def load_for_training(spec: ModelSpec, lora: LoraSpec, *, fp8: bool = False, seed: int = 0,
+                      gradient_checkpointing: bool = False) -> Loaded:
+    target, base_id = resolve_base(spec)
+    if fp8 or spec.load_in_fp8:
+        check_fp8()
+        return _load_unsloth(target, base_id, spec, lora, fp8=True, seed=seed, gc=gradient_checkpointing)
+    if spec.loader == "unsloth" or (spec.loader == "auto" and has("unsloth") and cuda_available()
+                                    and spec.name != "tiny"):
+        return _load_unsloth(target, base_id, spec, lora, fp8=False, seed=seed, gc=gradient_checkpointing)
+    return _load_transformers(target, base_id, spec, lora, gc=gradient_checkpointing)
+
+
+def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *, fp8: bool, seed: int,
+                  gc: bool) -> Loaded:
+    if not has("unsloth"):
+        raise RlstackError("model.loader = 'unsloth', but unsloth is not installed in this Python",
+                           "use a stack that has it (portable, fp8), or model.loader = 'auto'")
+    import unsloth  # noqa: F401  (must come before transformers/trl for its patches)
+    from unsloth import FastLanguageModel
+
+    kwargs: dict[str, Any] = dict(model_name=target, max_seq_length=spec.max_seq_length, dtype=None)
+    if fp8:
+        kwargs.update(load_in_fp8=True, fast_inference=True, max_lora_rank=lora.r, load_in_4bit=False)
+    else:
+        kwargs.update(load_in_4bit=spec.load_in_4bit)
+    try:
+        model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
+    except Exception as exc:
+        if fp8:
+            raise Fp8UnavailableError(
+                f"Unsloth could not load {target} with load_in_fp8=True: {type(exc).__name__}: {str(exc)[:500]}",
+                "run 'invoke probe-fp8' to classify the wall; train without --fp8 for the portable path",
+            ) from exc
+        raise
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        use_gradient_checkpointing="unsloth" if gc else False,
+        random_state=seed,
+    )
+    return Loaded(model, tokenizer, base_id, "unsloth-fp8" if fp8 else "unsloth", "cuda")
+
+
+def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str, str]:
+    """(model, tokenizer, loader name, device): plain transformers, 4-bit NF4 when asked for on a GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    on_gpu = torch.cuda.is_available()
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(spec.dtype)}
+    loader = "transformers"
+    if spec.load_in_4bit and on_gpu:
+        if not has("bitsandbytes"):
+            raise ModelLoadError("load_in_4bit needs bitsandbytes, which is not installed in this stack",
+                                 "use a stack with bitsandbytes, or --set model.load_in_4bit=false")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=kwargs["dtype"],
+        )
+        loader = "transformers+bnb4"
+    elif spec.load_in_4bit:
+        print("rlstack: no CUDA GPU: loading the model unquantized (4-bit needs bitsandbytes on a GPU)",
+              file=sys.stderr)
+    if on_gpu:
+        kwargs["device_map"] = {"": 0}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(f"could not load model {target!r}: {str(exc)[:400]}",
+                             "offline? set HF_HUB_OFFLINE=1 with a filled HF cache, or use a local folder") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, loader, "cuda" if on_gpu else "cpu"
+
+
+def _load_transformers(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *, gc: bool) -> Loaded:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    model, tokenizer, loader, device = load_base_transformers(target, spec)
+    if loader == "transformers+bnb4":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gc)
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t for t in lora.target_modules if t in present]
+    if not targets:
+        raise ModelLoadError(f"none of the LoRA target modules {lora.target_modules} exist in {target}",
+                             f"set lora.target_modules to some of: {', '.join(sorted(present)[:30])}")
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                        task_type="CAUSAL_LM", bias="none")
+    if gc and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    model = get_peft_model(model, config)
+    return Loaded(model, tokenizer, base_id, loader, device)

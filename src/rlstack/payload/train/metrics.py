@@ -1,0 +1,142 @@
+"""Per-step training metrics: one JSONL row per optimizer step, a live progress line, the reward-curve PNG.
+
+The JSONL file is the run's history. On --resume, rows after the checkpoint's step are dropped before training
+continues, so the history has each step exactly once, whether or not the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KEEP = ("loss", "reward", "reward_std", "kl", "entropy", "grad_norm", "learning_rate", "frac_reward_zero_std",
+        "completions/mean_length", "completions/clipped_ratio", "num_tokens")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The history. A kill can tear the last line mid-write: that line is dropped (its step is re-run on
+    resume); a bad line anywhere else means the file was damaged, and the error names it."""
+    if not path.is_file():
+        return []
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            from rlstack.core.errors import RlstackError
+
+            raise RlstackError(f"{path}:{n}: not a JSON metrics row", "restore the file or start a new run") from None
+    return rows
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Keep rows with step <= `step` (the checkpoint we resume from); return how many were kept."""
+    rows = [r for r in read_rows(path) if r["step"] <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    return len(rows)
+
+
+def make_callback(path: Path, reward_names: list[str], completions_per_step: int) -> Any:
+    """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily)."""
+    from transformers import TrainerCallback
+
+    class MetricsCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.step_start: float | None = None
+            self.step_time: float | None = None
+            self.last_tokens: float | None = None
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.step_start = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.step_start is not None:
+                self.step_time = time.perf_counter() - self.step_start
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kw: Any) -> None:
+            if not logs or "reward" not in logs or not state.is_world_process_zero:
+                return
+            row: dict[str, Any] = {"step": state.global_step, "time": round(time.time(), 3)}
+            for k in KEEP:
+                if k in logs:
+                    row[k.replace("completions/", "completion_")] = logs[k]
+            for name in reward_names:
+                for stat in ("mean", "std"):
+                    key = f"rewards/{name}_reward/{stat}"
+                    if key in logs:
+                        row[f"{name}_{stat}"] = logs[key]
+            if self.step_time:
+                row["step_time_s"] = round(self.step_time, 4)
+                tokens = logs.get("num_tokens")
+                if tokens is not None and self.last_tokens is not None:
+                    row["tokens_per_s"] = round((tokens - self.last_tokens) / self.step_time, 2)
+                if "completions/mean_length" in logs:
+                    row["completion_tokens_per_s"] = round(
+                        logs["completions/mean_length"] * completions_per_step / self.step_time, 2)
+            self.last_tokens = logs.get("num_tokens")
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            parts = [f"step {state.global_step}/{state.max_steps}", f"reward {row['reward']:.3f}"]
+            parts += [f"{n} {row[n + '_mean']:.3f}" for n in reward_names if n + "_mean" in row]
+            if "kl" in row:
+                parts.append(f"kl {row['kl']:.4f}")
+            if "step_time_s" in row:
+                parts.append(f"{row['step_time_s']:.2f}s/step")
+            print("rlstack train: " + " | ".join(parts), file=sys.stderr, flush=True)
+
+    return MetricsCallback()
+
+
+def plot_rewards(metrics_path: Path, png: Path, reward_names: list[str], title: str) -> Path | None:
+    rows = read_rows(metrics_path)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["reward"] for r in rows], label="total reward", linewidth=2)
+    for name in reward_names:
+        if all(name + "_mean" in r for r in rows):
+            ax.plot(steps, [r[name + "_mean"] for r in rows], label=name, alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5) -> dict[str, Any]:
+    """First/last rewards (each a mean over `window` steps, so one lucky batch does not decide) and timings."""
+    if not rows:
+        return {}
+    w = max(1, min(window, len(rows) // 2 or 1))
+
+    def avg(key: str, part: list[dict[str, Any]]) -> float | None:
+        vals = [r[key] for r in part if key in r]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    out: dict[str, Any] = {"steps": rows[-1]["step"], "window": w}
+    for key in ["reward", *[n + "_mean" for n in reward_names]]:
+        out[f"{key}_first"] = avg(key, rows[:w])
+        out[f"{key}_last"] = avg(key, rows[-w:])
+    out["step_time_s_mean"] = avg("step_time_s", rows)
+    out["tokens_per_s_mean"] = avg("tokens_per_s", rows)
+    out["kl_last"] = rows[-1].get("kl")
+    return out

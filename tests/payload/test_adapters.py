@@ -1,0 +1,162 @@
+"""The adapter store: atomic writes, manifest verification, listing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlstack.payload import adapters
+from rlstack.payload.adapters import (
+    AdapterError,
+    BaseModelMismatchError,
+    IntegrityError,
+    ManifestError,
+    list_adapters,
+    verify,
+    write_adapter,
+)
+
+
+def _fill(d: Path) -> None:
+    (d / "adapter_model.safetensors").write_bytes(b"\x00weights" * 100)
+    (d / "adapter_config.json").write_text('{"r": 8}')
+    (d / "tok").mkdir()
+    (d / "tok" / "tokenizer.json").write_text("{}")
+
+
+def _write(root: Path, name: str = "a1", **kw: object) -> Path:
+    write_adapter(root, name, _fill, base_model="tiny/base", recipe={"lr": 1e-4}, metrics={"reward": 1.0},
+                  stack="cpu", lock_hash="abc", **kw)  # type: ignore[arg-type]
+    return root / name
+
+
+def test_write_then_verify(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    m = verify(d, expected_base_model="tiny/base")
+    assert m.name == "a1" and m.stack == "cpu" and m.lock_hash == "abc"
+    assert set(m.files) == {"adapter_model.safetensors", "adapter_config.json", "tok/tokenizer.json"}
+    assert m.recipe == {"lr": 1e-4} and m.metrics == {"reward": 1.0}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_failed_fill_leaves_nothing(tmp_path: Path) -> None:
+    def boom(d: Path) -> None:
+        (d / "half.bin").write_bytes(b"x")
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        write_adapter(tmp_path, "a1", boom, base_model="b", stack="s", lock_hash=None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_name_refused_unless_overwrite(tmp_path: Path) -> None:
+    _write(tmp_path)
+    with pytest.raises(AdapterError, match="already exists"):
+        _write(tmp_path)
+    _write(tmp_path, overwrite=True)
+    verify(tmp_path / "a1")
+    assert [p.name for p in tmp_path.iterdir()] == ["a1"]
+
+
+def test_bad_name(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match="not valid"):
+        _write(tmp_path, name="../evil")
+
+
+def test_tampered_file_named(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    (d / "adapter_config.json").write_text('{"r": 64}')
+    with pytest.raises(IntegrityError, match="adapter_config.json"):
+        verify(d)
+
+
+def test_truncated_file_named(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    p = d / "adapter_model.safetensors"
+    p.write_bytes(p.read_bytes()[:10])
+    with pytest.raises(IntegrityError, match="adapter_model.safetensors"):
+        verify(d)
+
+
+def test_missing_file_named(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    (d / "tok" / "tokenizer.json").unlink()
+    with pytest.raises(IntegrityError, match="missing: tok/tokenizer.json"):
+        verify(d)
+
+
+def test_extra_file_named(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    (d / "sneaky.py").write_text("print(1)")
+    with pytest.raises(IntegrityError, match="sneaky.py"):
+        verify(d)
+
+
+def test_wrong_base_model(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    with pytest.raises(BaseModelMismatchError, match="tiny/base"):
+        verify(d, expected_base_model="unsloth/Qwen3-4B")
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    (d / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match=r"no manifest\.json"):
+        verify(d)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [("{not json", "not valid JSON"), ('{"name": "a1"}', "base_model"), ("[]", "malformed")],
+)
+def test_malformed_manifest(tmp_path: Path, content: str, match: str) -> None:
+    d = _write(tmp_path)
+    (d / "manifest.json").write_text(content)
+    with pytest.raises(ManifestError, match=match):
+        verify(d)
+
+
+def test_manifest_unknown_field_refused(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    data = json.loads((d / "manifest.json").read_text())
+    data["surprise"] = 1
+    (d / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="surprise"):
+        verify(d)
+
+
+def test_not_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match="no such adapter"):
+        verify(tmp_path / "nope")
+
+
+def test_list_skips_tmp_and_broken(tmp_path: Path) -> None:
+    _write(tmp_path, name="b")
+    _write(tmp_path, name="a")
+    (tmp_path / ".tmp-c-1234").mkdir()
+    (tmp_path / "broken").mkdir()
+    assert [m.name for m in list_adapters(tmp_path)] == ["a", "b"]
+    assert list_adapters(tmp_path / "absent") == []
+
+
+def test_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_ADAPTERS", str(tmp_path))
+    assert adapters.default_root() == tmp_path
+    monkeypatch.delenv("RLSTACK_ADAPTERS")
+    expected = Path("/adapters") if Path("/adapters").is_dir() else Path("runs") / "adapters"
+    assert adapters.default_root() == expected
+
+
+def test_find_adapter_by_name_and_path(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    assert adapters.find_adapter("a1", root=tmp_path) == tmp_path / "a1"
+    assert adapters.find_adapter(str(d)) == d
+    with pytest.raises(AdapterError, match="not found"):
+        adapters.find_adapter("zzz", root=tmp_path)
+
+
+def test_lock_hash_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_LOCK_HASH", "deadbeef")
+    assert adapters.resolve_lock_hash() == "deadbeef"

@@ -1,0 +1,43 @@
+"""Training metrics history: resume truncation, summaries, the reward curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlstack.payload.train import metrics
+
+
+def _write(path: Path, rows: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_truncate_after_keeps_checkpointed_steps(tmp_path: Path) -> None:
+    p = tmp_path / "metrics.jsonl"
+    _write(p, [{"step": i, "reward": float(i)} for i in range(1, 8)])
+    assert metrics.truncate_after(p, 4) == 4
+    assert [r["step"] for r in metrics.read_rows(p)] == [1, 2, 3, 4]
+
+
+def test_read_missing_is_empty(tmp_path: Path) -> None:
+    assert metrics.read_rows(tmp_path / "none.jsonl") == []
+
+
+def test_summarize_windows() -> None:
+    rows = [{"step": i, "reward": r, "format_mean": r, "step_time_s": 2.0} for i, r in
+            enumerate([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0], 1)]
+    s = metrics.summarize(rows, ["format"], window=3)
+    assert s["steps"] == 10 and s["window"] == 3
+    assert s["reward_first"] == pytest.approx(0.2) and s["reward_last"] == pytest.approx(1.0)
+    assert s["format_mean_first"] == pytest.approx(0.2) and s["step_time_s_mean"] == 2.0
+    assert metrics.summarize([], ["format"]) == {}
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    p = tmp_path / "metrics.jsonl"
+    _write(p, [{"step": i, "reward": i / 10, "format_mean": i / 10, "correctness_mean": 0.0} for i in range(1, 6)])
+    png = metrics.plot_rewards(p, tmp_path / "curve.png", ["correctness", "format"], "t")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert metrics.plot_rewards(tmp_path / "empty.jsonl", tmp_path / "x.png", [], "t") is None

@@ -1,0 +1,133 @@
+"""Runtime probes skip with their reason where they cannot run; resolve probes name the conflicting pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlstack.host import locks
+from rlstack.host.stacks import load_stack
+from rlstack.probes import resolve, runtime
+
+
+def test_runtime_probes_skip_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (False, "no NVIDIA GPU on this machine"))
+    results = runtime.run_all()
+    assert [r.id for r in results] == [f"runtime:{n}" for n in runtime.BODIES]
+    assert all(r.status == "skip" and r.reason for r in results)
+
+
+def test_runtime_probe_skips_when_a_package_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "_have", lambda mod: mod != "vllm")
+    res = runtime.run_probe("vllm-lora")
+    assert res.status == "skip" and "vllm not installed" in res.reason
+
+
+def test_runtime_child_failure_is_diagnosed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe whose process dies: the log's signature names the wall (the child here is a stand-in body)."""
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    import subprocess
+    import sys
+
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        return real_run([sys.executable, "-c", "import sys; print('AttributeError: '"
+                               "\"'LRUCacheWorkerLoRAManager' object has no attribute 'get_dummy_lora_warmup_rank'\"); "
+                               "sys.exit(1)"], **kw)
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    res = runtime.run_probe("vllm-lora")
+    assert res.status == "fail" and res.signature == "lora-warmup-rank" and res.fix
+
+
+def test_coinstall_conflict_names_the_torch_pins(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = ("error: No solution found when resolving dependencies\n  cause: Because vllm==0.21.0 depends on "
+            "torch==2.11.0 and you require torch==2.10.0, we can conclude that your requirements are unsatisfiable.")
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    seen = {}
+
+    def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
+        seen["reqs"] = reqs
+        return locks.Resolution(False, text, ["uv", "pip", "compile"])
+
+    monkeypatch.setattr(locks, "resolve", fake_resolve)
+    res = resolve.probe_coinstall(load_stack("portable"), load_stack("fp8"))
+    assert res.status == "fail" and res.signature == "torch-pin-conflict"
+    assert "vllm==0.21.0" in res.reason and "torch==2.10.0" in res.reason and "torch==2.11.0" in res.reason
+    # the base stack's torch pin is in, the other stack's own torch pin is left to its packages
+    assert "torch==2.10.0" in seen["reqs"] and "torch==2.11.0" not in seen["reqs"]
+
+
+def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    calls = []
+
+    def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return locks.Resolution(True, "a==1\nb==2\n", ["uv"])
+
+    monkeypatch.setattr(locks, "resolve", fake_resolve)
+    cpu = load_stack("cpu")
+    assert resolve.probe_stack(cpu).status == "pass"
+    assert resolve.probe_stack(cpu).status == "pass"
+    assert len(calls) == 1
+    resolve.probe_stack(cpu, fresh=True)
+    assert len(calls) == 2
+
+
+def test_unreachable_index_is_a_skip_not_a_conflict(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
+    monkeypatch.setattr(locks, "resolve", lambda *a, **k: locks.Resolution(
+        False, "error: Failed to fetch: `https://pypi.org/simple/trl/`\n  Caused by: dns error", ["uv"]))
+    res = resolve.probe_stack(load_stack("cpu"))
+    assert res.status == "skip" and "could not be reached" in res.reason
+    assert not list((stack_tree / "cache").rglob("*.json"))  # not cached
+
+
+def test_runtime_report_records_environment_and_refuses_wrong_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime run files its results under the GPU present: a --gpu-arch that disagrees is an error before any
+    probe runs; the report carries the environment it ran in (here: this venv, against the cpu lock)."""
+    from rlstack.core.errors import RlstackError
+    from rlstack.probes import suite
+
+    monkeypatch.setattr(runtime, "gpu_facts", lambda: {"gpu": "NVIDIA H200", "driver": "580", "arch": "sm_90"})
+    ran: list[str] = []
+    monkeypatch.setattr(runtime, "run_all", lambda fp8=False, only=None: ran.append("x") or [])
+    with pytest.raises(RlstackError, match="--gpu-arch sm_120, but the GPU here is sm_90"):
+        suite.run("cpu", layers=["runtime"], gpu_arch="sm_120")
+    assert ran == []
+    with pytest.raises(RlstackError, match="unknown runtime probe"):
+        suite.run("cpu", layers=["runtime"], runtime_only=["warp-drive"])
+    report = suite.run("cpu", layers=["runtime"])
+    assert report.gpu_arch == "sm_90" and report.driver == "580"
+    env = report.environment
+    assert env is not None and env.where == "native" and env.versions["torch"].startswith("2.10.0")
+    assert report.torch_cuda == env.torch_cuda
+    static = suite.run("cpu", layers=["contract"])
+    assert static.environment is None
+
+
+def test_grpo_step_probe_takes_the_stack_unsloth_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With unsloth installed the probe trains through it, on untied embeddings (Unsloth's generate on the tied
+    tiny model hits a device-side assert before any GRPO code: seen on an H200)."""
+    import subprocess
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_TRAIN_SET", "grpo.temperature=0.7")
+    monkeypatch.setenv("RLSTACK_PROBE_LOGDIR", str(tmp_path))
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "NameError: name 'align_completion_tool_mask' is not defined")
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    runtime.body_grpo_step()
+    sets = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "--set"]
+    assert "model.loader=unsloth" in sets and "model.tiny.tie_word_embeddings=false" in sets
+    assert sets[-1] == "grpo.temperature=0.7"
+    assert "align_completion_tool_mask" in (tmp_path / "grpo-step-train.log").read_text()

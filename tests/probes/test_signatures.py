@@ -1,0 +1,70 @@
+"""The signature matcher: the report's walls are named from their real messages, any log can be diagnosed,
+and a malformed signatures file is a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlstack.cli import main
+from rlstack.core.errors import RlstackError
+from rlstack.probes import signatures
+from rlstack.probes.model import Evidence, ProbeResult
+
+REPORT_LINES = {
+    "flashinfer-sm12x-cuda": "RuntimeError: SM 12.x requires CUDA >= 12.9",
+    "lora-warmup-rank": "AttributeError: 'LRUCacheWorkerLoRAManager' object has no attribute "
+                        "'get_dummy_lora_warmup_rank'",
+    "grpo-align-completion-tool-mask": "NameError: name 'align_completion_tool_mask' is not defined",
+    "torch-pin-conflict": "Because vllm==0.21.0 depends on torch==2.11.0 and you require torch==2.10.0, we can",
+    "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "no-nvidia-runtime": 'docker: Error response from daemon: could not select device driver "" with '
+                         "capabilities: [[gpu]].",
+    "torch-arch-unsupported": "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the "
+                              "current PyTorch installation.",
+}
+
+
+@pytest.mark.parametrize(("wall", "line"), list(REPORT_LINES.items()))
+def test_each_wall_is_named_from_its_message(wall: str, line: str) -> None:
+    hits = signatures.diagnose(f"INFO starting\n{line}\nINFO done\n")
+    assert hits and hits[0].signature.id == wall
+    assert hits[0].line == 2
+
+
+def test_clean_log_matches_nothing() -> None:
+    assert signatures.diagnose("step 1 loss 0.3\nstep 2 loss 0.2\nsaved adapter\n") == []
+
+
+def test_several_walls_in_one_log_in_order() -> None:
+    log = "\n".join([REPORT_LINES["lora-warmup-rank"], "x", REPORT_LINES["flashinfer-sm12x-cuda"]])
+    assert [h.signature.id for h in signatures.diagnose(log)] == ["lora-warmup-rank", "flashinfer-sm12x-cuda"]
+
+
+def test_bad_regex_and_duplicate_ids_are_errors(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("signatures:\n  - {id: a, pattern: '(', title: t, explanation: e, fix: f}\n")
+    with pytest.raises(RlstackError, match="signature #0 \\(a\\).*pattern"):
+        signatures.load(p)
+    p.write_text("signatures:\n  - {id: a, pattern: x, title: t, explanation: e, fix: f}\n"
+                 "  - {id: a, pattern: y, title: t, explanation: e, fix: f}\n")
+    with pytest.raises(RlstackError, match="duplicate signature ids: a"):
+        signatures.load(p)
+
+
+def test_crashed_probe_gets_a_wall_from_its_evidence() -> None:
+    res = ProbeResult(id="runtime:x", layer="runtime", status="fail", reason="exited 1",
+                      evidence=[Evidence(text="...\n" + REPORT_LINES["cuda-oom"])])
+    assert signatures.match_result(res).signature == "cuda-oom"
+
+
+def test_diagnose_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "crash.log"
+    log.write_text("loading\n" + REPORT_LINES["grpo-align-completion-tool-mask"] + "\n")
+    assert main(["diagnose", str(log)]) == 1
+    out = capsys.readouterr().out
+    assert "[grpo-align-completion-tool-mask] line 2" in out and "fix:" in out
+    log.write_text("all fine\n")
+    assert main(["diagnose", str(log)]) == 0
+    assert main(["diagnose", str(tmp_path / "missing.log")]) == 2
