@@ -1,4 +1,4 @@
-"""How long `rlstack probe-fp8` takes to answer the report's FP8 RL question, with the wheel cache cold
+"""How long `invoke probe-fp8` takes to answer the report's FP8 RL question, with the wheel cache cold
 (empty RLSTACK_CACHE: every locked wheel is downloaded and hash-verified, every resolution re-run) and warm
 (wheels, resolutions and torch's arch list cached). uv's own package cache is left as it is in both: it is
 the machine's, not rlstack's. Writes bench/results/probe_fp8.json and .md.
@@ -25,7 +25,7 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def run_once(cache: Path) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "rlstack.cli", "probe-fp8", "--json"]
+    cmd = [sys.executable, "-m", "invoke", "probe-fp8", "--json"]
     env = {**os.environ, "RLSTACK_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -56,11 +56,11 @@ def main() -> int:
     summary = {k: statistics.median([r["wall_s"] for r in rows if r["run"] == k]) for k in ("cold", "warm")
                if any(r["run"] == k for r in rows)}
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
-            "cpus": os.cpu_count(), "command": "rlstack probe-fp8 --json", "median_s": summary, "runs": rows}
+            "cpus": os.cpu_count(), "command": "invoke probe-fp8 --json", "median_s": summary, "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "probe_fp8.json").write_text(json.dumps(data, indent=2) + "\n")
     md = ["# probe_fp8", "", f"{data['date']} on {data['host']} ({data['cpus']} CPUs), no GPU: "
-          "`rlstack probe-fp8` (all layers; runtime skips without a GPU).", "",
+          "`invoke probe-fp8` (all layers; runtime skips without a GPU).", "",
           "Cold = empty RLSTACK_CACHE (locked wheels downloaded from PyPI and sha256-verified, resolutions re-run); "
           "warm = the same cache again. uv's own cache is warm in both.", "",
           "| run | wall s | exit | walls found | wheels | wheel MB |", "|---|---|---|---|---|---|"]

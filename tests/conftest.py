@@ -21,3 +21,9 @@ def stack_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     paths.project_root.cache_clear()
     yield tmp_path
     paths.project_root.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _own_settings_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's invoke.yaml (machine settings) must not change what the tests see."""
+    monkeypatch.setenv("RLSTACK_SETTINGS_FILE", str(tmp_path_factory.mktemp("settings") / "invoke.yaml"))

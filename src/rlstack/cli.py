@@ -1,43 +1,41 @@
-"""The `rlstack` command. It runs on the host and inside every image; each feature module adds its own
-subcommands (see COMMAND_MODULES), so this file only dispatches and turns RlstackError into a clean
-message and exit code."""
+"""The `rlstack` command, which runs inside a stack (its image, or natively where its libraries are installed):
+train, eval, rescore, compare, adapters, probe, diagnose. The host's work (stacks, locks, images,
+containers, the matrix, CI) is invoke's (tasks.py). Each command is a typed function whose parameters
+declare their flags (rlstack.core.options); this file only builds the parser and turns RlstackError into a
+clean message and exit code."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from rlstack import __version__
 from rlstack.core.errors import RlstackError
+from rlstack.core.options import build_parser as build_from
+from rlstack.core.options import call_parsed
 
-# Each module defines `register(subparsers)`; a parser's `func(args) -> int` does the work.
-COMMAND_MODULES = [
-    "rlstack.commands.stack_cmds",
-    "rlstack.commands.image_cmds",
-    "rlstack.commands.payload_cmds",
-    "rlstack.commands.probe_cmds",
-]
+
+def commands() -> list[object]:
+    from rlstack.payload.commands import COMMANDS
+    from rlstack.probes.commands import IN_STACK
+
+    return [*COMMANDS, *IN_STACK]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlstack", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"rlstack {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    return parser
+    return build_from("rlstack", (__doc__ or "").split("\n")[0], commands(),  # type: ignore[arg-type]
+                      version=f"rlstack {__version__}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if not getattr(args, "_command", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        return int(call_parsed(args) or 0)
     except RlstackError as exc:
         print(f"rlstack: error: {exc}", file=sys.stderr)
         return exc.exit_code

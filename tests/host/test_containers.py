@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from rlstack.host import containers, stacks
+from rlstack.core.errors import DockerError
+from rlstack.core.options import argv_for
+from rlstack.host import containers, engine, images, stacks
+from rlstack.payload import commands as payload
 
 
 def _pairs(cmd: list[str], flag: str) -> list[str]:
@@ -15,7 +18,8 @@ def _pairs(cmd: list[str], flag: str) -> list[str]:
 
 def test_train_command_is_hardened_and_mounts_the_volumes(stack_tree: Path) -> None:
     st = stacks.load_stack("cpu")
-    spec = containers.spec_for(st, "rlstack/cpu:abc", containers.train_argv("gsm8k-grpo", ["grpo.max_steps=2"]),
+    spec = containers.spec_for(st, "rlstack/cpu:abc", argv_for(payload.train, {"recipe": "gsm8k-grpo",
+                                                                                "overrides": ["grpo.max_steps=2"]}),
                                environ={})
     cmd = containers.run_command(spec, "/usr/bin/docker")
     assert cmd[:3] == ["/usr/bin/docker", "run", "--rm"]
@@ -37,7 +41,7 @@ def test_gpu_stack_gets_all_gpus(stack_tree: Path) -> None:
 
 
 def test_eval_mounts_adapters_read_only(stack_tree: Path) -> None:
-    spec = containers.spec_for(stacks.load_stack("cpu"), "img", containers.eval_argv("a1", ["-n", "8"]),
+    spec = containers.spec_for(stacks.load_stack("cpu"), "img", argv_for(payload.eval_, {"adapter": "a1", "n": 8}),
                                adapters_read_only=True, environ={})
     cmd = containers.run_command(spec)
     assert "rlstack-adapters:/adapters:ro" in _pairs(cmd, "-v")
@@ -88,18 +92,99 @@ def test_custom_volume_names(stack_tree: Path) -> None:
                                                                                      "-v"))
 
 
-def test_cli_without_engine_exits_5_with_the_hint(stack_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from rlstack.cli import main
+def test_invoke_without_engine_exits_5_with_the_hint_once(stack_tree: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
 
     fake = tmp_path / "docker"
     fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("RLSTACK_DOCKER", str(fake))
-    monkeypatch.delenv("RLSTACK_CA_CERT", raising=False)
-    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     (stack_tree / "images" / "Dockerfile").write_text("FROM scratch\n")
-    for argv in (["image", "build", "--stack", "cpu"], ["image", "train", "--stack", "cpu"]):
-        assert main(argv) == 5
-        err = capsys.readouterr().err
-        assert "no Docker engine answers" in err and "docker-setup.sh" in err
+    env = {**os.environ, "RLSTACK_DOCKER": str(fake)}
+    root = Path(__file__).resolve().parents[2]
+    for task in (["build", "--stack", "cpu"], ["train", "--stack", "cpu"], ["adapters"]):
+        proc = subprocess.run([sys.executable, "-m", "invoke", *task], cwd=root, env=env, capture_output=True,
+                              text=True)
+        assert proc.returncode == 5, proc.stderr
+        assert proc.stderr.count("no Docker engine answers") == 1 and "docker-setup.sh" in proc.stderr
+
+
+def test_values_that_are_not_secrets_pass_with_their_value(stack_tree: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text("name = 'x'\n")
+    spec = containers.spec_for(stacks.load_stack("cpu"), "img", ["train", "--recipe", str(recipe)], environ={},
+                               cwd=tmp_path)
+    cmd = containers.run_command(spec)
+    shown = dict(p.split("=", 1) for p in _pairs(cmd, "-e"))["RLSTACK_PATH_MAP"]
+    import json
+
+    assert json.loads(shown) == {"/mnt/inputs/0-mine.toml": str(recipe),
+                                 containers.RUNS_MOUNT: str(tmp_path / containers.HOST_RUNS)}
+    with pytest.raises(ValueError, match="secret"):
+        containers.run_command(containers.RunSpec(image="i", argv=(), env=(("HF_TOKEN", "x"),)))
+
+
+def test_check_image_runs_hardened_with_a_tmp_and_no_volumes(stack_tree: Path) -> None:
+    plan = images.plan(stacks.load_stack("cpu"), base_image="b", git_rev="r", created="c")
+    cmd = containers.check_image_command(plan)
+    assert "--read-only" in cmd and any(t.startswith("/tmp:") for t in _pairs(cmd, "--tmpfs"))
+    assert _pairs(cmd, "-v") == [] and _pairs(cmd, "--entrypoint") == ["python"]
+    assert cmd[cmd.index(plan.tag) + 1:][:2] == ["-m", "rlstack.host.image_checks"]
+
+
+def test_gpu_stack_checks_the_nvidia_runtime_before_any_build(stack_tree: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "engine_info", lambda: {"ServerVersion": "27.0", "Runtimes": {"runc": {}}})
+    monkeypatch.setattr(engine.shutil, "which", lambda tool: None)
+
+    def no_build(*a: object, **k: object) -> str:
+        raise AssertionError("built before checking the NVIDIA runtime")
+
+    monkeypatch.setattr(images, "ensure_built", no_build)
+    with pytest.raises(DockerError, match="NVIDIA runtime") as exc:
+        containers.ready_image(stacks.load_stack("portable"))
+    assert "nvidia-container-toolkit" in str(exc.value)
+
+
+def test_shell_without_a_terminal_needs_a_command(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    st = stacks.load_stack("cpu")
+    with pytest.raises(DockerError, match="not a terminal") as exc:
+        containers.shell_spec(st, "img", "")
+    assert "invoke shell --stack cpu -- CMD" in str(exc.value)
+    spec = containers.shell_spec(st, "img", "ls /adapters")
+    cmd = containers.run_command(spec)
+    assert "-it" not in cmd and cmd[-3:] == ["img", "-c", "ls /adapters"]
+    assert "rlstack-adapters:/adapters:ro" in _pairs(cmd, "-v")
+    assert "rlstack-adapters:/adapters" in _pairs(containers.run_command(
+        containers.shell_spec(st, "img", "true", write_adapters=True)), "-v")
+
+
+def test_copy_out_replaces_the_host_copy_only_when_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlstack.host import runner
+
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kw: object) -> object:
+        import subprocess
+
+        calls.append(list(cmd))
+        if cmd[1] == "cp":
+            staging = Path(cmd[3])
+            staging.mkdir(parents=True)
+            (staging / "metrics.jsonl").write_text("new\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(engine, "client", lambda: "docker")
+    old = tmp_path / "runs" / "train" / "r1"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text("old\n")
+    dest = containers.copy_out("img", "train/r1", dest_root=tmp_path / "runs")
+    assert dest == old and (dest / "metrics.jsonl").read_text() == "new\n"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["r1"]  # no staging or old copy left
+    assert [c[1] for c in calls] == ["create", "cp", "rm"]
+    assert calls[0][-1] == "img" and f"rlstack-runs:{containers.RUNS_MOUNT}:ro" in calls[0]

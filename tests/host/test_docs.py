@@ -18,3 +18,18 @@ def test_replace_section_only_between_markers() -> None:
 def test_missing_markers_say_what_to_add() -> None:
     with pytest.raises(RlstackError, match="x:start"):
         docs.replace_section("no markers", "x", "body")
+
+
+def test_no_link_leaves_the_repository() -> None:
+    """A user's clone has only the repository: every relative link in the README and docs/ resolves inside
+    it (the report is cited by name and its facts are in docs/report.md)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            resolved = (page.parent / target).resolve()
+            assert resolved.is_relative_to(root) and resolved.exists(), f"{page.name} links {target}"

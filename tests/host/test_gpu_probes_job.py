@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlstack import matrix
 from rlstack.host import locks, stacks
+from rlstack.matrix import schema, store
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-probes.yml"
@@ -45,21 +45,21 @@ def _copy_repo(dest: Path) -> None:
 @pytest.mark.slow
 def test_probe_and_merge_jobs_update_the_matrix(tmp_path: Path) -> None:
     _copy_repo(tmp_path)
-    before = matrix.load(tmp_path / "compat_matrix.yaml")
+    before = store.load(tmp_path / "compat_matrix.yaml")
     env = {**os.environ, "STACK": "cpu", "ARCH": "none", "RLSTACK_ROOT": str(tmp_path)}
     for cmd in _invoke_commands("probes"):
         proc = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     results = sorted((tmp_path / "probe-results").glob("*.json"))
     assert [p.name for p in results] == ["probe-cpu-none.json"]
-    report = matrix.read_report(results[0])
+    report = schema.read_report(results[0])
     runtime = [p for p in report.results if p.layer == "runtime"]
     assert runtime and all(p.status == "skip" and p.reason for p in runtime)  # skipped, with the reason
 
     for cmd in _invoke_commands("merge"):
         proc = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    after = matrix.load(tmp_path / "compat_matrix.yaml")
+    after = store.load(tmp_path / "compat_matrix.yaml")
     cpu_hash = locks.lock_hash(stacks.load_stack("cpu"))
     new_rows = [r for r in after.rows if r.stack == "cpu" and r.lock_hash == cpu_hash and r.source == "measured"]
     assert new_rows, "the merge did not add the cpu stack's row for its current lock"

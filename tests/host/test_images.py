@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlstack.core.errors import DockerError, RlstackError
+from rlstack.core.pkgnames import normalize
 from rlstack.host import engine, image_checks, images, locks, stacks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def test_build_args_come_from_stack_file_and_lock(tree: Path) -> None:
         pins = locks.locked_versions(st)
         for item in args["KEY_PACKAGES"].split():
             pkg, ver = item.split("==")
-            assert pins[locks.normalize(pkg)] == ver
+            assert pins[normalize(pkg)] == ver
 
 
 def test_every_build_arg_is_declared_in_the_dockerfile(tree: Path) -> None:
@@ -210,7 +211,9 @@ def test_buildx_and_gha_cache_flags(tree: Path) -> None:
 def test_smoke_reruns_the_checks_with_the_stacks_values(tree: Path) -> None:
     st = stacks.load_stack("portable")
     p = images.plan(st, git_rev="r", created="t")
-    cmd = images.smoke_command(p, "docker")
+    from rlstack.host import containers
+
+    cmd = containers.check_image_command(p, "docker")
     assert cmd[cmd.index("--entrypoint") + 1] == "python" and p.tag in cmd
     assert cmd[cmd.index("--gpu-archs") + 1] == ",".join(st.gpu_archs)
     assert cmd[cmd.index("--torch-cuda") + 1] == st.torch.cuda
@@ -251,3 +254,15 @@ def test_build_refused_up_front_when_the_disk_is_full(monkeypatch: pytest.Monkey
         images.ensure_built(p, force=True)
     assert "1.0 GB free" in str(exc.value) and "docker builder prune" in str(exc.value)
     assert ran == []  # nothing was started
+
+
+def test_rlstack_is_built_with_the_hash_locked_backend() -> None:
+    """The runtime stage builds rlstack's wheel with the build backend from images/build-backend.lock
+    (--require-hashes, no build isolation, offline), never with one the installer fetches unpinned."""
+    text = (ROOT / "images" / "Dockerfile").read_text()
+    step = text[text.index("COPY src /opt/rlstack/src"):text.index("rlstack --version")]
+    assert "--require-hashes" in step and "-r /opt/rlstack/images/build-backend.lock" in step
+    assert "--no-build-isolation" in step and "--offline" in step
+    assert "--no-deps /opt/rlstack " not in step  # the source folder itself is never handed to the installer
+    assert Path("images/build-backend.lock") in images.context_files(ROOT)
+    locks.check_build_backend(ROOT)

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from rlstack.cli import main
+from rlstack.core import pkgnames
 from rlstack.core.errors import LockError, StaleLockError
-from rlstack.host import locks, stacks
+from rlstack.host import commands, locks, stacks
 
 
 def test_committed_locks_are_fresh_and_hashed() -> None:
@@ -35,7 +36,7 @@ def test_changed_pin_makes_lock_stale(stack_tree: Path, capsys: pytest.CaptureFi
         locks.check(stacks.load_stack("cpu"))
     assert "stack 'cpu'" in str(exc.value)
     assert "invoke lock --stack cpu" in str(exc.value)
-    assert main(["lock", "--check"]) == StaleLockError.exit_code
+    assert commands.lock(check=True) == StaleLockError.exit_code
     captured = capsys.readouterr()
     err = captured.err
     assert "STALE" in err and "cpu" in err
@@ -98,3 +99,119 @@ def test_conflicting_pins_fail_with_names() -> None:
     res = locks.resolve(["vllm==0.21.0", "torch==2.10.0"], "3.11", "x86_64-manylinux_2_28", hashes=False)
     assert not res.ok
     assert "torch==2.11.0" in res.text and "torch==2.10.0" in res.text
+
+
+# --- one parser ------------------------------------------------------------------------------------------
+
+
+def test_parse_locked_keeps_hashes_and_markers_and_pins_derive_from_it() -> None:
+    text = ("# header\nFoo_Bar==1.2 ; sys_platform == 'linux' \\\n    --hash=sha256:" + "a" * 64 + "\n"
+            "    # via x\nbaz==3 \\\n    --hash=sha256:" + "b" * 64 + "\n")
+    got = locks.parse_locked(text)
+    assert got["foo-bar"] == locks.LockedPackage("foo-bar", "1.2", frozenset({"a" * 64}), "sys_platform == 'linux'")
+    assert got["baz"].marker is None and got["baz"].hashes == {"b" * 64}
+    assert locks.parse_pins(text) == {"foo-bar": "1.2", "baz": "3"}
+    fp8 = stacks.load_stack("fp8")
+    assert locks.locked_versions(fp8) == {n: p.version for n, p in locks.locked_packages(fp8).items()}
+
+
+# --- relocking changes only what must change -------------------------------------------------------------
+
+FAKE_NEWEST = "99.0"
+
+
+def _fake_uv(calls: list[dict[str, str]]):  # type: ignore[no-untyped-def]
+    """A stand-in for `uv pip compile --output-file F`: like uv, it reads F as preferred pins and keeps each one
+    that still satisfies the requirements; anything else gets the requirement's '==' version or FAKE_NEWEST."""
+    from packaging.requirements import Requirement
+
+    def run(cmd: list[str], *, cwd: str, **_: object) -> subprocess.CompletedProcess[str]:
+        out = Path(cwd) / cmd[cmd.index("--output-file") + 1]
+        prefer = locks.parse_pins(out.read_text()) if out.is_file() else {}
+        calls.append(prefer)
+        reqs = {}
+        for line in (Path(cwd) / "requirements.in").read_text().split("\n"):
+            if line.strip():
+                r = Requirement(line)
+                reqs[pkgnames.normalize(r.name)] = r.specifier
+        pins = dict(prefer)
+        for name, spec in reqs.items():
+            if name not in pins or not spec.contains(pins[name], prereleases=True):
+                exact = [s.version for s in spec if s.operator == "=="]
+                pins[name] = exact[0] if exact else FAKE_NEWEST
+        out.write_text("".join(f"{n}=={v} \\\n    --hash=sha256:{'0' * 64}\n" for n, v in sorted(pins.items())))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    return run
+
+
+def test_relock_keeps_every_pin_that_still_fits(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, str]] = []
+    monkeypatch.setattr(locks.runner, "run", _fake_uv(calls))
+    cpu = stacks.load_stack("cpu")
+    before = locks.locked_versions(cpu)
+    req = stack_tree / "images" / "cpu" / "requirements.in"
+    req.write_text(req.read_text().replace("trl==0.24.0", "trl==0.23.0"))
+    cpu = stacks.load_stack("cpu")
+    locks.write_lock(cpu)
+    assert calls and calls[0] == before  # uv was handed the committed lock as its preferences
+    after = locks.locked_versions(cpu)
+    assert {n for n in before if after.get(n) != before[n]} == {"trl"} and after["trl"] == "0.23.0"
+    locks.check(cpu)
+    # upgrade=True resolves from scratch: no preferences, so unpinned packages move (the fake index has no
+    # CUDA runtime for the consistency check to find)
+    monkeypatch.setattr(locks, "check_lock_consistency", lambda stack: None)
+    locks.write_lock(cpu, upgrade=True)
+    assert calls[-1] == {} and locks.locked_versions(cpu)["accelerate"] == FAKE_NEWEST
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed")
+def test_real_uv_keeps_a_preferred_pin() -> None:
+    """Needs PyPI. uv reads the seeded --output-file as preferences: an old packaging stays while it fits,
+    even when another requirement is added; without preferences uv picks the newest."""
+    plat = "x86_64-manylinux_2_28"
+    old = "# rlstack-lock: stack=x inputs=y\npackaging==24.0\n"
+    kept = locks.resolve(["packaging", "pyyaml"], "3.11", plat, preferences=old)
+    assert kept.ok and locks.parse_pins(kept.text)["packaging"] == "24.0"
+    fresh = locks.resolve(["packaging"], "3.11", plat, hashes=False)
+    assert fresh.ok and locks.parse_pins(fresh.text)["packaging"] != "24.0"
+    forced = locks.resolve(["packaging>=25"], "3.11", plat, preferences=old)
+    assert forced.ok and locks.parse_pins(forced.text)["packaging"] != "24.0"
+
+
+# --- the build backend's lock ----------------------------------------------------------------------------
+
+
+def test_build_backend_lock_is_fresh_hashed_and_pins_pyprojects_backend() -> None:
+    locks.check_build_backend()
+    text = locks.build_backend_lock_file().read_text()
+    locked = locks.parse_locked(text)
+    hatchling = next(r for r in locks.build_requirements() if r.startswith("hatchling=="))
+    assert locked["hatchling"].version == hatchling.split("==")[1]
+    assert all(p.hashes for p in locked.values())
+
+
+def test_build_backend_change_makes_every_stack_stale(stack_tree: Path) -> None:
+    py = stack_tree / "pyproject.toml"
+    text = py.read_text()
+    pin = next(r for r in locks.build_requirements(stack_tree) if r.startswith("hatchling=="))
+    py.write_text(text.replace(f'"{pin}"', '"hatchling==1.0.0"'))
+    with pytest.raises(StaleLockError, match="build-backend.lock is stale"):
+        locks.check(stacks.load_stack("cpu"))
+    assert not locks.build_backend_is_fresh(stack_tree)
+    py.write_text(text.replace(f'"{pin}"', '"hatchling>=1.25"'))
+    with pytest.raises(LockError, match="not pinned with '=='"):
+        locks.check_build_backend(stack_tree)
+    py.write_text(text)
+    (stack_tree / "images" / "build-backend.lock").unlink()
+    with pytest.raises(StaleLockError, match="missing"):
+        locks.check(stacks.load_stack("cpu"))
+
+
+def test_hand_edited_build_backend_is_caught(stack_tree: Path) -> None:
+    path = locks.build_backend_lock_file(stack_tree)
+    version = locks.parse_pins(path.read_text())["hatchling"]
+    path.write_text(path.read_text().replace(f"hatchling=={version}", "hatchling==1.0.0"))
+    with pytest.raises(LockError, match="hatchling is 1.0.0"):
+        locks.check_build_backend(stack_tree)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from rlstack.host import native
+from rlstack.host.locks import LockedPackage, parse_locked
 from rlstack.host.stacks import load_stack
 from rlstack.probes import environment
-from rlstack.probes.wheels import LockedPackage, parse_locked
 
 
 def make_wheel(folder: Path, name: str, version: str, body: str = "VALUE = 1\n") -> Path:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rlstack.core.errors import StackFileError
-from rlstack.host import ci_matrix, stacks
+from rlstack.host import ci, stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -51,7 +51,7 @@ def _expected_from_files(images: Path) -> tuple[list[dict[str, object]], set[tup
 
 def test_matrices_equal_the_stack_files() -> None:
     rows, pairs = _expected_from_files(ROOT / "images")
-    got = ci_matrix.matrix("all")
+    got = ci.matrix("all")
     assert [{k: r[k] for k in ("stack", "torch", "python")} for r in got["images"]["include"]] == rows
     jobs = got["canary"]["include"] + got["gpu-probes"]["include"]
     assert {(j["stack"], j["arch"]) for j in jobs} == pairs
@@ -62,7 +62,7 @@ def test_matrices_equal_the_stack_files() -> None:
 
 
 def test_matrix_json_is_one_line() -> None:
-    text = ci_matrix.matrix_json("gpu-probes")
+    text = ci.matrix_json("gpu-probes")
     assert "\n" not in text
     assert json.loads(text)["include"]
 
@@ -71,14 +71,14 @@ def test_broken_stack_file_breaks_the_matrix_clearly(stack_tree: Path) -> None:
     f = stack_tree / "images" / "portable" / "stack.toml"
     f.write_text(f.read_text().replace('gpu_archs = ["sm_80"', 'gpu_archs = ["ampere"'))
     with pytest.raises(StackFileError) as exc:
-        ci_matrix.matrix("all")
+        ci.matrix("all")
     assert "portable/stack.toml" in str(exc.value) and "gpu_archs" in str(exc.value)
 
 
 def test_a_new_arch_reaches_the_matrix(stack_tree: Path) -> None:
     f = stack_tree / "images" / "fp8" / "stack.toml"
     f.write_text(f.read_text().replace('"sm_120"]', '"sm_120", "sm_121"]'))
-    jobs = ci_matrix.matrix("gpu-probes")["include"]
+    jobs = ci.matrix("gpu-probes")["include"]
     assert {"stack": "fp8", "arch": "sm_121", "runs_on": ["self-hosted", "gpu", "sm_121"]} in jobs
 
 

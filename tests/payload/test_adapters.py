@@ -13,7 +13,7 @@ from rlstack.payload.adapters import (
     BaseModelMismatchError,
     IntegrityError,
     ManifestError,
-    list_adapters,
+    scan,
     verify,
     write_adapter,
 )
@@ -132,13 +132,40 @@ def test_not_a_folder(tmp_path: Path) -> None:
         verify(tmp_path / "nope")
 
 
-def test_list_skips_tmp_and_broken(tmp_path: Path) -> None:
+def test_scan_shows_broken_adapters_and_skips_temporary_folders(tmp_path: Path) -> None:
     _write(tmp_path, name="b")
     _write(tmp_path, name="a")
     (tmp_path / ".tmp-c-1234").mkdir()
     (tmp_path / "broken").mkdir()
-    assert [m.name for m in list_adapters(tmp_path)] == ["a", "b"]
-    assert list_adapters(tmp_path / "absent") == []
+    entries = scan(tmp_path)
+    assert [(e.folder.name, e.ok) for e in entries] == [("a", True), ("b", True), ("broken", False)]
+    assert "no manifest.json" in (entries[2].problem or "")
+    assert scan(tmp_path / "absent") == []
+
+
+def test_verify_checks_every_adapter_and_reports_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlstack.payload import commands
+
+    for name in ("a", "b", "c"):
+        _write(tmp_path, name=name)
+    (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"tampered")
+    (tmp_path / "c" / "manifest.json").write_text("{")
+    assert commands.adapters(root=tmp_path, verify=True) == IntegrityError.exit_code
+    out, err = capsys.readouterr()
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[2:]}
+    assert "BAD" in lines["a"] and "sha256" in lines["a"]
+    assert "ok, hashes checked" in lines["b"]
+    assert "BAD" in lines["c"] and "not valid JSON" in lines["c"]
+    assert "3 adapter(s)" in err and "2 bad" in err and "sha256 checked" in err
+    (tmp_path / "a").rename(tmp_path / "a-moved")  # the store is read by folder, not by manifest name
+    import shutil
+
+    shutil.rmtree(tmp_path / "c")
+    assert commands.adapters(root=tmp_path, verify=True) == IntegrityError.exit_code
+    (tmp_path / "a-moved" / "adapter_model.safetensors").unlink()
+    _write(tmp_path / "fresh", name="x")
+    assert commands.adapters(root=tmp_path / "fresh", verify=True) == 0
+    assert "0 bad (every file's sha256 checked" in capsys.readouterr().err
 
 
 def test_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

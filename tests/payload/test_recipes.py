@@ -99,3 +99,75 @@ def test_model_loader_and_tiny_untied() -> None:
     # the default keeps the name tiny models had before the field existed (adapters name their base by it)
     assert tiny.model_id(recipes.load("smoke-cpu").model.tiny) == "tiny-5ad79719fd6e"  # type: ignore[arg-type]
     assert tiny.model_id(r.model.tiny) != "tiny-5ad79719fd6e"
+
+
+# --- errors a newcomer can act on: did-you-mean, host paths, hints that name what the user has --------------------
+
+
+def _error(spec: str | Path = "gsm8k-grpo", overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(RecipeError) as exc:
+        recipes.load(spec, list(overrides))
+    return str(exc.value)
+
+
+def test_override_typo_suggests_the_field() -> None:
+    msg = _error(overrides=("grpo.learnig_rate=1e-4",))
+    assert "unknown field 'grpo.learnig_rate' (from --set grpo.learnig_rate=1e-4)" in msg
+    assert "did you mean grpo.learning_rate?" in msg
+
+
+def test_file_typo_suggests_the_field_at_any_depth(tmp_path: Path) -> None:
+    p = tmp_path / "r.toml"
+    p.write_text('name = "x"\n[model]\nname = "tiny"\n[model.tiny]\nhiden_size = 8\n[grpo]\nmax_step = 3\n')
+    msg = _error(p)
+    assert "unknown field 'model.tiny.hiden_size': did you mean model.tiny.hidden_size?" in msg
+    assert "unknown field 'grpo.max_step': did you mean grpo.max_steps" in msg  # best match first
+    assert "--set" not in msg.split("->")[0]  # the file's own typos are not blamed on an override
+
+
+def test_unknown_section_suggests_the_section(tmp_path: Path) -> None:
+    assert "unknown field 'grpoo' (from --set grpoo.max_steps=3): did you mean grpo.max_steps?" in _error(
+        overrides=("grpoo.max_steps=3",))
+    p = tmp_path / "r.toml"
+    p.write_text('name = "x"\n[model]\nname = "m"\n[evl]\nn = 3\n')
+    assert "unknown field 'evl': did you mean eval?" in _error(p)
+
+
+def test_field_in_the_wrong_section_is_pointed_home() -> None:
+    assert "did you mean grpo.learning_rate?" in _error(overrides=("learning_rate=1e-4",))
+
+
+def test_no_close_match_lists_the_section_fields() -> None:
+    msg = _error(overrides=("grpo.zzzzzz=1",))
+    assert "unknown field 'grpo.zzzzzz'" in msg and "valid fields of [grpo]: learning_rate, max_steps," in msg
+    msg = _error(overrides=("qqqqqq=1",))
+    assert "valid fields of the top level of a recipe: name, description, model," in msg
+
+
+def test_hints_point_to_what_users_have_not_to_source() -> None:
+    for msg in (_error(overrides=("grpo.learnig_rate=1",)), _error(overrides=("grpo.max_steps=0",)),
+                _error(overrides=("name.x=1",)), _error("nope")):
+        assert "src/" not in msg and ".py" not in msg
+    msg = _error(overrides=("grpo.max_steps=0",))
+    assert "recipes/gsm8k-grpo.toml" in msg and "rlstack train --help" in msg and "--set" in msg
+
+
+def test_missing_recipe_lists_names_and_guesses() -> None:
+    msg = _error("gsm8k")
+    assert "recipe 'gsm8k' not found" in msg and "did you mean gsm8k-grpo?" in msg
+    assert "recipes: gsm8k-grpo, smoke-cpu" in msg
+    assert "did you mean" not in _error("zzzzzzzz")
+
+
+def test_errors_name_the_host_file_not_the_container_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as the host runs it: the user's ./r.toml is mounted at /mnt/inputs/0-r.toml and the mapping passed in the env
+    inner = tmp_path / "mnt" / "inputs" / "0-r.toml"
+    inner.parent.mkdir(parents=True)
+    inner.write_text('name = "x"\n[model]\nname = "m"\n[grpo]\nlearnig_rate = 1.0\n')
+    monkeypatch.setenv("RLSTACK_PATH_MAP", f'{{"{inner}": "/home/u/r.toml"}}')
+    msg = _error(inner)
+    assert msg.startswith("/home/u/r.toml: invalid recipe") and str(inner) not in msg
+    assert "did you mean grpo.learning_rate?" in msg
+    inner.write_text("name = \n")
+    msg = _error(inner)
+    assert msg.startswith("/home/u/r.toml: not valid TOML") and str(inner) not in msg

@@ -7,26 +7,38 @@ from pathlib import Path
 import pytest
 
 from rlstack.cli import build_parser
-from rlstack.commands import payload_cmds
-from rlstack.payload import adapters, recipes
-from rlstack.payload.train import loading
+from rlstack.core.options import call_parsed
+from rlstack.payload import adapters, commands, recipes
+from rlstack.payload.train import grpo, loading
 
 
-def _parse(*argv: str) -> object:
-    return build_parser().parse_args(list(argv))
+def _call(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, object]:
+    """Parse argv with the rlstack CLI and run it with grpo.run replaced: what the trainer would be given."""
+    seen: dict[str, object] = {}
+
+    def fake_run(recipe: recipes.Recipe, **kw: object) -> object:
+        seen.update(recipe=recipe, **kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(grpo, "run", fake_run)
+    with pytest.raises(SystemExit):
+        call_parsed(build_parser().parse_args(list(argv)))
+    return seen
 
 
-def test_train_flags_become_overrides() -> None:
-    args = _parse("train", "--recipe", "smoke-cpu", "--set", "grpo.learning_rate=0.1", "--data", "generated:9",
-                  "--max-steps", "3", "--model", "tiny")
-    r = recipes.load(args.recipe, payload_cmds._recipe_overrides(args))  # type: ignore[attr-defined]
+def test_train_flags_become_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _call(monkeypatch, "train", "--recipe", "smoke-cpu", "--set", "grpo.learning_rate=0.1", "--data",
+                 "generated:9", "--max-steps", "3", "--model", "tiny")
+    r = seen["recipe"]
+    assert isinstance(r, recipes.Recipe)
     assert (r.grpo.learning_rate, r.grpo.max_steps, r.data.train, r.model.name) == (0.1, 3, "generated:9", "tiny")
 
 
-def test_train_flags_exist() -> None:
-    args = _parse("train", "--resume", "--fp8", "--adapter-name", "a", "--output", "o", "--overwrite")
-    assert args.resume and args.fp8 and args.adapter_name == "a" and args.output == Path("o")  # type: ignore[attr-defined]
-    assert args.recipe == "gsm8k-grpo"  # type: ignore[attr-defined]
+def test_train_flags_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _call(monkeypatch, "train", "--resume", "--fp8", "--adapter-name", "a", "--output", "o", "--overwrite")
+    assert seen["resume"] and seen["fp8"] and seen["overwrite"] and seen["adapter_name"] == "a"
+    assert seen["run_dir"] == Path("o") and isinstance(seen["recipe"], recipes.Recipe)
+    assert seen["recipe"].name == "gsm8k-grpo"
 
 
 def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,10 +46,10 @@ def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch:
     recipe = recipes.load("smoke-cpu").model_dump(mode="json")
     adapters.write_adapter(tmp_path, "a", lambda d: (d / "w").write_text("x"), base_model="b", recipe=recipe,
                            stack="cpu", lock_hash=None)
-    cfg = payload_cmds.eval_config(_parse("eval", "--adapter", "a", "-n", "5", "--backend", "vllm"))
+    cfg = commands.eval_config(adapter="a", n=5, backend="vllm")
     assert cfg.n == 5 and cfg.backend == "vllm"
     assert cfg.data == recipe["eval"]["data"] and cfg.max_new_tokens == recipe["eval"]["max_new_tokens"]
-    plain = payload_cmds.eval_config(_parse("eval", "--model", "m"))
+    plain = commands.eval_config(model="m")
     assert (plain.n, plain.data, plain.split, plain.backend) == (300, "gsm8k", "test", "hf")
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlstack.payload.evaluate import gsm8k
-from rlstack.payload.evaluate.gsm8k import EvalError
+from rlstack.payload.evaluate import scoring
+from rlstack.payload.evaluate.compare import compare
+from rlstack.payload.evaluate.scoring import EvalError
 
 
 def _rows(outcomes: list[bool]) -> list[dict[str, object]]:
@@ -21,14 +22,14 @@ def _results(tmp_path: Path, name: str, outcomes: list[bool]) -> Path:
     folder.mkdir()
     rows = _rows(outcomes)
     (folder / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    scored = gsm8k.score(rows)
+    scored = scoring.score(rows)
     (folder / "results.json").write_text(json.dumps(scored))
     return folder / "results.json"
 
 
 def test_score_counts_and_methods() -> None:
     rows = [*_rows([True, False, True]), {"id": "x", "question": "?", "reference": "10", "generation": "\\boxed{10}"}]
-    s = gsm8k.score(rows)
+    s = scoring.score(rows)
     assert (s["n"], s["correct"]) == (4, 3)
     assert s["answer_found_by"] == {"marker": 3, "boxed": 1, "last_number": 0, "none": 0}
     assert s["per_question"] == {"q0": True, "q1": False, "q2": True, "x": True}
@@ -38,7 +39,7 @@ def test_score_counts_and_methods() -> None:
 def test_compare_paired(tmp_path: Path) -> None:
     base = _results(tmp_path, "b", [True, True, False, False, False, True])
     tuned = _results(tmp_path, "t", [True, False, True, True, True, True])
-    c = gsm8k.compare(base, tuned, iters=500)
+    c = compare(base, tuned, iters=500)
     assert c["n"] == 6 and c["discordant"] == {"base_only": 1, "tuned_only": 3}
     assert c["delta_points"] == pytest.approx(100 * 2 / 6)
     assert c["mcnemar_exact_p"] == pytest.approx(2 * 5 / 16)  # b+c=4, P(X<=1)=5/16
@@ -51,11 +52,11 @@ def test_compare_needs_shared_questions(tmp_path: Path) -> None:
     b = tmp_path / "b.json"
     b.write_text(json.dumps({"per_question": {"y": True}}))
     with pytest.raises(EvalError, match="share no questions"):
-        gsm8k.compare(a, b)
+        compare(a, b)
     c = tmp_path / "c.json"
     c.write_text("{}")
     with pytest.raises(EvalError, match="per_question"):
-        gsm8k.compare(a, c)
+        compare(a, c)
 
 
 def test_rescore_uses_current_extractor(tmp_path: Path) -> None:
@@ -64,7 +65,7 @@ def test_rescore_uses_current_extractor(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in gen.read_text().splitlines()]
     rows[1]["generation"] = "#### $10.00"  # a completion the extractor must read as 10
     gen.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = gsm8k.rescore(gen)
+    out = scoring.rescore(gen)
     assert out["correct"] == 2
     assert json.loads(res.with_name("results.rescored.json").read_text())["correct"] == 2
 
@@ -73,4 +74,4 @@ def test_rescore_bad_line(tmp_path: Path) -> None:
     p = tmp_path / "g.jsonl"
     p.write_text('{"id": "a", "generation": "x", "reference": "1"}\n{"id": 1}\n')
     with pytest.raises(EvalError, match=r"g\.jsonl:2"):
-        gsm8k.rescore(p)
+        scoring.rescore(p)

@@ -78,3 +78,18 @@ def test_a_skipped_wall_is_not_a_passed_wall() -> None:
     assert c.passed
     c.results = [_r("contract:a", "pass"), _r("toolchain:b", "fail")]
     assert not c.passed
+
+
+def test_vkey_orders_post_releases_as_pep440_does() -> None:
+    """Comparing the numbers alone put 1.0.post1 level with 1.0.1 (both (1, 0, 1))."""
+    assert sorted(["1.0.1", "1.0.post1", "1.0"], key=suggest.vkey) == ["1.0", "1.0.post1", "1.0.1"]
+    assert suggest.vkey("1.0.post1") < suggest.vkey("1.0.1")
+    assert suggest.vkey("2026.3.11") > suggest.vkey("2026.3.10") and suggest.vkey("1.10") > suggest.vkey("1.9")
+
+
+def test_pinned_top_level_uses_requirement_names(stack_tree: Path) -> None:
+    """Names come from packaging's parse (extras, markers, '_' vs '-'), not a split on operator characters."""
+    req = stack_tree / "images" / "fp8" / "requirements.in"
+    line = "Unsloth_Zoo[extra] == 2026.6.1 ; python_version >= '3'"
+    req.write_text(req.read_text().replace("unsloth_zoo==2026.6.1", line))
+    assert suggest._pinned_top_level(load_stack("fp8"))["unsloth-zoo"] == "2026.6.1"

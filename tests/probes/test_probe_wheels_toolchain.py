@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlstack.host.locks import LockedPackage, parse_locked
 from rlstack.probes import toolchain, wheels
-from rlstack.probes.wheels import LockedPackage, SourceSet, WheelCache, WheelError, parse_locked, wheel_score
+from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, wheel_score
 
 PY, PLAT = "3.11", "x86_64-manylinux_2_28"
 
@@ -177,3 +178,33 @@ def test_shipped_rules_name_known_walls() -> None:
 
     ids = {s.id for s in signatures.load()}
     assert all(r.wall in ids for r in toolchain.load_rules())
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("a-1.0-py2.py3-none-any.whl", True),  # compressed tag set
+    ("a-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+    ("a-1.0-cp311-cp311-manylinux1_x86_64.whl", True),
+    ("a-1.0-cp311-abi3-any.whl", True),
+    ("a-1.0-cp311-cp311-linux_x86_64.whl", False),  # not a manylinux promise
+    ("a-1.0-pp310-pypy310_pp73-manylinux_2_28_x86_64.whl", False),
+    ("a-1.0-py3-abi3-any.whl", False),
+    ("a-1.0-cp3-abi3-manylinux_2_28_x86_64.whl", False),
+    ("a-1.0-cp311-cp311-musllinux_1_2_x86_64.whl", False),
+    ("a-1.0-x-py3-none-any.whl", False),  # a build tag must start with a digit
+])
+def test_wheel_score_follows_packaging_tags(name: str, ok: bool) -> None:
+    assert (wheel_score(name, PY, PLAT) is not None) is ok
+
+
+def test_wheel_score_order_matches_the_installers() -> None:
+    s = lambda n: wheel_score(n, PY, PLAT)  # noqa: E731
+    own = s("a-1.0-cp311-cp311-manylinux_2_17_x86_64.whl")
+    stable = s("a-1.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    pure = s("a-1.0-py3-none-manylinux_2_28_x86_64.whl")
+    assert own is not None and stable is not None and pure is not None
+    assert own > stable > pure > s("a-1.0-py3-none-any.whl")  # type: ignore[operator]
+    # within one interpreter tag, the newest glibc that fits wins; legacy aliases count as their glibc
+    assert s("a-1.0-cp311-cp311-manylinux_2_28_x86_64.whl") > own
+    assert s("a-1.0-cp311-cp311-manylinux2014_x86_64.whl") == own
+    assert wheel_score("a-1.0-cp311-cp311-manylinux_2_34_x86_64.whl", PY, "x86_64-manylinux_2_34") is not None
+    assert wheel_score("a-1.0-cp311-cp311-manylinux_2_28_aarch64.whl", PY, "aarch64-manylinux_2_28") is not None

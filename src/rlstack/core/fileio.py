@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 
@@ -23,3 +24,14 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def swap_in(new: Path, dest: Path) -> Path:
+    """Put the folder `new` at `dest` in one rename, replacing what was there only once `new` is whole: the old
+    folder moves aside first and is removed after, so an interruption leaves one of the two complete."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest

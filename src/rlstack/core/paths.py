@@ -3,6 +3,7 @@ and inside images (where the project is installed at /opt/rlstack/src)."""
 
 from __future__ import annotations
 
+import json
 import os
 from functools import cache
 from pathlib import Path
@@ -28,3 +29,21 @@ def images_dir() -> Path:
 
 def recipes_dir() -> Path:
     return project_root() / "recipes"
+
+
+PATH_MAP_ENV = "RLSTACK_PATH_MAP"
+
+
+def shown(path: Path | str) -> str:
+    """A path as the user can open it. Inside a container the host passes $RLSTACK_PATH_MAP (JSON:
+    container folder -> host folder, for the mounts it made), so messages and results name the file the user
+    has, not /mnt/inputs/0-recipe.toml; elsewhere the path is unchanged."""
+    text = str(path)
+    try:
+        mapping = json.loads(os.environ.get(PATH_MAP_ENV) or "{}")
+    except ValueError:
+        return text
+    for inner in sorted(mapping, key=len, reverse=True):
+        if text == inner or text.startswith(inner.rstrip("/") + "/"):
+            return str(mapping[inner]) + text[len(inner.rstrip("/")):]
+    return text

@@ -1,5 +1,9 @@
-"""Package names and versions compared the way installers compare them. Standard library only: the native
-installer (rlstack.host.native) uses these on a GPU host before anything else is installed."""
+"""Package names and versions compared the way installers compare them. Standard library at import time: the
+native installer (rlstack.host.native) uses these on a GPU host before anything else is installed.
+
+This is the one home of the PEP 503 normaliser. host/image_checks.py keeps a copy, because it runs by path
+inside the image build before rlstack (and this module) is installed.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,18 @@ import re
 def normalize(name: str) -> str:
     """PEP 503 name: 'Unsloth_Zoo' and 'unsloth-zoo' are one package."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(line: str) -> str:
+    """The normalized package name of a requirement line ('unsloth_zoo[x]==1 ; python_version>"3"' ->
+    'unsloth-zoo'), parsed by packaging as installers parse it.
+
+    packaging is imported here, not at the top: the native installer imports this module on a bare GPU host
+    and never calls this function. Raises packaging.requirements.InvalidRequirement for a line that is not a
+    requirement (an option such as '--index-url', a typo)."""
+    from packaging.requirements import Requirement
+
+    return normalize(Requirement(line).name)
 
 
 def public_version(version: str) -> str:

@@ -11,12 +11,19 @@ in an image layer or in `docker inspect`'s Cmd.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rlstack.host import engine, runner
+from rlstack.core.errors import DockerError
+from rlstack.core.fileio import swap_in
+from rlstack.core.paths import PATH_MAP_ENV
+from rlstack.host import engine, images, runner
 from rlstack.host.stacks import Stack
 
 ADAPTERS_VOLUME = "rlstack-adapters"
@@ -26,6 +33,7 @@ ADAPTERS_MOUNT = "/adapters"
 HF_CACHE_MOUNT = "/hf-cache"
 RUNS_MOUNT = "/opt/rlstack/runs"
 INPUTS_MOUNT = "/mnt/inputs"
+HOST_RUNS = "runs"  # where run folders are copied out to on the host, relative to the current folder
 USER_HOME = "/home/rlstack"
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 PASS_ENV = (*SECRET_ENV, "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
@@ -47,8 +55,9 @@ class RunSpec:
     argv: tuple[str, ...]  # arguments to the image's entrypoint (`rlstack`)
     gpus: bool = False
     adapters_read_only: bool = False
-    volumes: Volumes = field(default_factory=Volumes)
+    volumes: Volumes | None = field(default_factory=Volumes)  # None: no volume at all (checking an image)
     env_names: tuple[str, ...] = ()  # passed by name: docker reads the values from our environment
+    env: tuple[tuple[str, str], ...] = ()  # values that are not secrets (they show on the command line)
     binds: tuple[tuple[str, str], ...] = ()  # (host path, container path), always read-only
     interactive: bool = False
     entrypoint: str | None = None
@@ -106,16 +115,21 @@ def run_command(spec: RunSpec, exe: str = "docker") -> list[str]:
                 "--tmpfs", f"{USER_HOME}:rw,exec,nosuid,nodev,uid=1000,gid=1000,mode=0700"]
     if spec.gpus:
         cmd += ["--gpus", "all"]
-    adapters_opt = ":ro" if spec.adapters_read_only else ""
-    cmd += ["-v", f"{spec.volumes.adapters}:{ADAPTERS_MOUNT}{adapters_opt}",
-            "-v", f"{spec.volumes.hf_cache}:{HF_CACHE_MOUNT}",
-            "-v", f"{spec.volumes.runs}:{RUNS_MOUNT}"]
+    if spec.volumes is not None:
+        adapters_opt = ":ro" if spec.adapters_read_only else ""
+        cmd += ["-v", f"{spec.volumes.adapters}:{ADAPTERS_MOUNT}{adapters_opt}",
+                "-v", f"{spec.volumes.hf_cache}:{HF_CACHE_MOUNT}",
+                "-v", f"{spec.volumes.runs}:{RUNS_MOUNT}"]
     for host, target in spec.binds:
         cmd += ["-v", f"{host}:{target}:ro"]
     for name in spec.env_names:
         if "=" in name:
             raise ValueError(f"env_names takes names only, got {name!r}: a value would show on the command line")
         cmd += ["-e", name]
+    for name, value in spec.env:
+        if name in SECRET_ENV:
+            raise ValueError(f"{name} is a secret: pass it by name (env_names)")
+        cmd += ["-e", f"{name}={value}"]
     if spec.entrypoint:
         cmd += ["--entrypoint", spec.entrypoint]
     cmd.append(spec.image)
@@ -123,30 +137,17 @@ def run_command(spec: RunSpec, exe: str = "docker") -> list[str]:
     return cmd
 
 
-def train_argv(recipe: str | None, overrides: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
-    argv = ["train"]
-    if recipe:
-        argv += ["--recipe", recipe]
-    for o in overrides:
-        argv += ["--set", o]
-    return argv + list(extra)
-
-
-def eval_argv(adapter: str | None, extra: Sequence[str] = ()) -> list[str]:
-    argv = ["eval"]
-    if adapter:
-        argv += ["--adapter", adapter]
-    return argv + list(extra)
-
-
 def spec_for(stack: Stack, image: str, argv: Sequence[str], *, adapters_read_only: bool = False,
              interactive: bool = False, entrypoint: str | None = None, volumes: Volumes | None = None,
              environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> RunSpec:
     """The RunSpec for running `rlstack <argv>` of a stack: GPUs exactly when the stack needs them."""
     mapped, binds = map_host_inputs(argv, cwd)
+    shown = {target: host for host, target in binds}
+    shown[RUNS_MOUNT] = str((cwd or Path.cwd()) / HOST_RUNS)
     return RunSpec(image=image, argv=mapped, gpus=stack.gpu_required, adapters_read_only=adapters_read_only,
                    volumes=volumes or Volumes(), env_names=passthrough_env(environ), binds=binds,
-                   interactive=interactive, entrypoint=entrypoint)
+                   interactive=interactive, entrypoint=entrypoint,
+                   env=((PATH_MAP_ENV, json.dumps(shown, sort_keys=True)),))
 
 
 def run(spec: RunSpec, *, capture: bool = False) -> int:
@@ -155,3 +156,76 @@ def run(spec: RunSpec, *, capture: bool = False) -> int:
     if spec.gpus:
         engine.require_nvidia_runtime(info)
     return runner.run(run_command(spec, engine.client()), check=False, capture=capture).returncode
+
+
+def ready_image(stack: Stack, *, base_image: str | None = None, ca_cert: str | None = None) -> str:
+    """The stack's image, ready to run here: the engine answers, a GPU stack finds the NVIDIA runtime (checked
+    before a build that would take minutes and gigabytes), and the image is built when its tag is missing."""
+    info = engine.engine_info()
+    if stack.gpu_required:
+        engine.require_nvidia_runtime(info)
+    return images.ensure_built(images.plan(stack, base_image=base_image or None, ca_cert=ca_cert or None))
+
+
+def copy_out(image: str, rel: str, *, volumes: Volumes | None = None, dest_root: Path | None = None) -> Path:
+    """Copy `rel` (e.g. train/NAME) from the runs volume to ./runs/rel on the host, so a run's metrics, curve
+    and results are files the user has. The copy lands beside the old one and replaces it only when whole."""
+    vols = volumes or Volumes()
+    root = dest_root or Path.cwd() / HOST_RUNS
+    dest = root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    exe = engine.client()
+    name = f"rlstack-copy-{secrets.token_hex(4)}"
+    staging = dest.parent / f".{dest.name}.copy-{secrets.token_hex(4)}"
+    runner.run([exe, "create", "--name", name, "-v", f"{vols.runs}:{RUNS_MOUNT}:ro", image], capture=True, quiet=True)
+    try:
+        proc = runner.run([exe, "cp", f"{name}:{RUNS_MOUNT}/{rel}", str(staging)], capture=True, check=False)
+        if proc.returncode != 0:
+            raise DockerError(f"nothing to copy at {rel} in the volume {vols.runs}",
+                              (proc.stderr.strip().splitlines() or [""])[-1] or None)
+        swap_in(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        runner.run([exe, "rm", "-f", name], capture=True, check=False, quiet=True)
+    return dest
+
+
+def list_runs(image: str, *, volumes: Volumes | None = None) -> list[str]:
+    """train/NAME and eval/NAME folders in the runs volume."""
+    spec = RunSpec(image=image, argv=("-c", f"cd {RUNS_MOUNT} && ls -1d train/* eval/* 2>/dev/null || true"),
+                   volumes=volumes or Volumes(), entrypoint="sh", adapters_read_only=True)
+    proc = runner.run(run_command(spec, engine.client()), capture=True, check=False, quiet=True)
+    if proc.returncode != 0:
+        raise DockerError(f"listing the runs volume failed (exit {proc.returncode})",
+                          proc.stderr.strip()[-500:] or None)
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip() and "*" not in line]
+
+
+def check_image_command(p: images.BuildPlan, exe: str = "docker") -> list[str]:
+    """Re-run the build-time checks in the finished image (now with rlstack installed), as its user, with the
+    same hardening as every run (a read-only root with a tmpfs /tmp: Python needs a temporary folder)."""
+    a = p.args
+    spec = RunSpec(image=p.tag, argv=("-m", "rlstack.host.image_checks", "--torch-version", a["TORCH_VERSION"],
+                                      "--torch-cuda", a["TORCH_CUDA"], "--gpu-archs", a["GPU_ARCHS"], "--lock",
+                                      f"/opt/rlstack/images/{p.stack.name}/requirements.lock", "--stack",
+                                      p.stack.name),
+                   entrypoint="python", volumes=None)
+    return run_command(spec, exe)
+
+
+def check_image(p: images.BuildPlan) -> None:
+    """`rlstack --version` and the build-time checks, in the built image."""
+    exe = engine.client()
+    runner.run(run_command(RunSpec(image=p.tag, argv=("--version",), volumes=None), exe))
+    if runner.run(check_image_command(p, exe), check=False).returncode != 0:
+        raise DockerError(f"{p.tag}: the image's environment fails its checks (see above)")
+
+
+def shell_spec(stack: Stack, image: str, command: str, *, write_adapters: bool = False) -> RunSpec:
+    """A bash in the stack's container: interactive when stdin is a terminal and no command is given."""
+    if not command and not sys.stdin.isatty():
+        raise DockerError("stdin is not a terminal, so there is no interactive shell to open",
+                          f"give the command to run after --: invoke shell --stack {stack.name} -- CMD")
+    argv = ["-c", command] if command else []
+    return spec_for(stack, image, argv, adapters_read_only=not write_adapters, interactive=not command,
+                    entrypoint="bash")

@@ -1,5 +1,6 @@
 """Generated sections of README.md. A section lives between `<!-- NAME:start -->` and `<!-- NAME:end -->`
-and is rewritten from data, never edited by hand; `check_sections` fails when the file has drifted."""
+and is rewritten from data, never edited by hand; `stale_sections` names the ones that drifted. This module
+renders the compat matrix into the README; the matrix package itself knows nothing of the README."""
 
 from __future__ import annotations
 
@@ -7,11 +8,33 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from rlstack.core.errors import RlstackError
+from rlstack.core.errors import LockError, RlstackError
 from rlstack.core.paths import project_root
+from rlstack.core.pkgnames import normalize
 from rlstack.core.tables import markdown_table
-from rlstack.host import stacks
-from rlstack.host.stack_table import HEADERS, stack_row
+from rlstack.host import locks, stacks
+from rlstack.host.stacks import Stack
+
+HEADERS = ["stack", "python", "torch", "cuda", "nvcc", "gpu archs", "key packages", "lock"]
+
+
+def stack_row(stack: Stack) -> list[str]:
+    try:
+        versions = locks.locked_versions(stack)
+        lock_id = locks.lock_hash(stack)[:12]
+    except (LockError, FileNotFoundError):
+        versions, lock_id = {}, "missing"
+    keys = ", ".join(f"{p} {versions.get(normalize(p), '?')}" for p in stack.key_packages)
+    return [
+        stack.name,
+        stack.python,
+        stack.torch.version,
+        stack.cuda_label,
+        stack.cuda_toolkit.version if stack.cuda_toolkit else "-",
+        " ".join(stack.gpu_archs) or "cpu only",
+        keys,
+        lock_id,
+    ]
 
 
 def stacks_section() -> str:
@@ -19,12 +42,36 @@ def stacks_section() -> str:
 
 
 def matrix_section() -> str:
-    from rlstack import matrix
+    from rlstack.matrix import render, store
 
-    return matrix.render_markdown(matrix.load())
+    return render.render_markdown(store.load())
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "compat-matrix": matrix_section}
+def tasks_section() -> str:
+    """The invoke tasks with their options, from the functions they call (the one declaration of each)."""
+    from rlstack.core import options
+    from rlstack.host.commands import tasks
+
+    rows = []
+    for fn in tasks():
+        flags = []
+        for p in options.params(fn):
+            if p.opt.remainder:
+                flags.append("[-- CMD]")
+            elif p.opt.positional:
+                flags.append(p.name.upper())
+            elif p.required:
+                flags.append(f"{p.flag} {p.name.upper()}")
+            elif p.name == "stack":
+                flags.append(f"[--stack {p.default}]")
+        usage = " ".join([f"invoke {options.command_name(fn)}", *flags])
+        rows.append([f"`{usage}`", options.summary(fn)])
+    return markdown_table(["task", "what it does"], rows) + \
+        "\n\n`invoke --help TASK` lists every option of a task.\n"
+
+
+GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "tasks": tasks_section,
+                                             "compat-matrix": matrix_section}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -40,12 +87,16 @@ def replace_section(text: str, name: str, body: str) -> str:
     return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(3), text, count=1)
 
 
-def render_readme(path: Path | None = None) -> Path:
+def render_readme(path: Path | None = None, sections: list[str] | None = None) -> Path:
+    """Rewrite the generated sections (all, or the named ones) of the README in place."""
     path = path or project_root() / "README.md"
     text = path.read_text()
     for name, gen in GENERATORS.items():
-        text = replace_section(text, name, gen())
-    path.write_text(text)
+        if sections is None or name in sections:
+            text = replace_section(text, name, gen())
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
     return path
 
 
@@ -53,3 +104,31 @@ def stale_sections(path: Path | None = None) -> list[str]:
     path = path or project_root() / "README.md"
     text = path.read_text()
     return [name for name, gen in GENERATORS.items() if replace_section(text, name, gen()) != text]
+
+
+def publish_matrix(files: list[Path], path: Path | None = None, *, init: bool = False, drop: list[str] | None = None,
+                   readme: bool = True) -> int:
+    """Merge probe reports into the matrix file (when there are any, or rows to drop), then render the page
+    and the README section from what the file now holds."""
+    from rlstack.matrix import render, store
+
+    path = path or store.matrix_path()
+    if files or drop:
+        m, dropped = store.merge(files, path, init=init, drop=drop or [])
+        for r in dropped:
+            print(f"dropped row {r.stack} {(r.lock_hash or '-')[:12]} {r.gpu_arch or '-'} {r.source} {r.date[:10]}")
+        print(f"merged {len(files)} result file(s) into {path} ({len(m.rows)} rows)")
+    else:
+        m = store.load(path, init=init)
+        if init and not path.is_file():
+            store.write(m, path)
+            print(f"started {path} (no rows yet)")
+    print(f"wrote {render.write_page(m, path.parent)}")
+    if readme:
+        readme_path = path.parent / "README.md"
+        text = readme_path.read_text()
+        new = replace_section(text, "compat-matrix", render.render_markdown(m))
+        if new != text:
+            readme_path.write_text(new)
+        print(f"wrote {readme_path}")
+    return 0

@@ -17,9 +17,6 @@ from typing import Any
 from rlstack.core.errors import DockerError
 from rlstack.host import runner
 
-# Debian's docker.io client (20.10) has BuildKit built in; a newer static client without the buildx plugin
-# refuses DOCKER_BUILDKIT=1 builds. Prefer the former where both exist; RLSTACK_DOCKER overrides.
-PREFERRED_CLIENT = "/usr/bin/docker"
 START_HINT = (
     "start the engine (sudo systemctl start docker, or: sudo nohup dockerd >/tmp/dockerd.log 2>&1 &), "
     "or install it: bash .ci/docker-setup.sh"
@@ -33,12 +30,10 @@ NVIDIA_HOOKS = ("nvidia-container-runtime", "nvidia-container-runtime-hook", "nv
 
 
 def client() -> str:
-    env = os.environ.get("RLSTACK_DOCKER")
-    if env:
-        return env
-    if os.path.exists(PREFERRED_CLIENT):
-        return PREFERRED_CLIENT
-    return "docker"
+    """The docker client to call (rlstack.host.settings: RLSTACK_DOCKER, invoke.yaml, /usr/bin/docker)."""
+    from rlstack.host import settings
+
+    return settings.docker_client()
 
 
 def build_env() -> dict[str, str]:

@@ -3,7 +3,10 @@ installed, so a wrong torch, a missing GPU arch or a silently changed package fa
 training run hours later.
 
 This file runs by path (`python image_checks.py ...`) before rlstack itself is installed in the image,
-so it imports nothing but the standard library (torch only inside the function that checks it).
+so it imports nothing but the standard library (torch only inside the function that checks it). That is
+why it keeps its own small copies of three helpers that have one home elsewhere in the project: the name
+normaliser (rlstack.core.pkgnames.normalize), the lock parser (rlstack.host.locks.parse_locked) and the
+reader of installed versions (rlstack.probes.environment.installed_versions). Keep them in step.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+# Mirrors rlstack.host.locks.ENTRY_RE (stdlib copy: see the module docstring).
 PIN_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)(?P<marker>\s*;[^\\\n]*)?", re.M)
 # Installed by uv venv / the image itself, never part of a stack's lock.
 NOT_LOCKED = frozenset({"rlstack", "pip", "setuptools", "wheel"})
 
 
 def normalize(name: str) -> str:
+    """PEP 503 name. Stdlib copy of rlstack.core.pkgnames.normalize (see the module docstring)."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -30,7 +35,8 @@ def base_version(version: str) -> str:
 
 
 def parse_lock(text: str) -> tuple[dict[str, str], set[str]]:
-    """({package: version}, {packages whose pin carries an environment marker})."""
+    """({package: version}, {packages whose pin carries an environment marker}). Stdlib copy of
+    rlstack.host.locks.parse_locked (versions and markers only; see the module docstring)."""
     pins: dict[str, str] = {}
     conditional: set[str] = set()
     for m in PIN_RE.finditer(text):
@@ -42,6 +48,9 @@ def parse_lock(text: str) -> tuple[dict[str, str], set[str]]:
 
 
 def installed_versions(dists: Iterable[md.Distribution] | None = None) -> dict[str, str]:
+    """{normalized name: version} of the image's environment. Stdlib copy of
+    rlstack.probes.environment.installed_versions (see the module docstring); the image has one site-packages,
+    so which of two same-named distributions wins does not arise here."""
     out: dict[str, str] = {}
     for d in dists if dists is not None else md.distributions():
         name = d.metadata["Name"]

@@ -10,7 +10,6 @@ build time are labels only: they do not change the tag.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -21,7 +20,8 @@ from typing import Any
 
 from rlstack.core.errors import DockerError, RlstackError
 from rlstack.core.paths import project_root
-from rlstack.host import engine, locks, runner
+from rlstack.core.pkgnames import normalize
+from rlstack.host import engine, locks, runner, settings
 from rlstack.host.stacks import Stack
 
 REPO = "rlstack"
@@ -78,7 +78,7 @@ def content_hash(stack: Stack, base_image: str, root: Path | None = None) -> str
 
 def key_package_versions(stack: Stack) -> dict[str, str]:
     versions = locks.locked_versions(stack)
-    return {p: versions[locks.normalize(p)] for p in stack.key_packages if locks.normalize(p) in versions}
+    return {p: versions[normalize(p)] for p in stack.key_packages if normalize(p) in versions}
 
 
 def git_revision(root: Path | None = None) -> str:
@@ -127,21 +127,13 @@ class BuildPlan:
 
 
 def default_base_image(stack: Stack) -> str:
-    return os.environ.get("RLSTACK_BASE_IMAGE") or stack.base_image
-
-
-def default_ca_cert() -> Path | None:
-    """$RLSTACK_CA_CERT, else $SSL_CERT_FILE (set where a proxy intercepts TLS), else none."""
-    for var in ("RLSTACK_CA_CERT", "SSL_CERT_FILE"):
-        v = os.environ.get(var)
-        if v:
-            return Path(v)
-    return None
+    """The base image when no --base-image is given: the machine's setting, else stack.toml's."""
+    return settings.base_image(stack.base_image)
 
 
 def plan(
     stack: Stack, *, base_image: str | None = None, ca_cert: Path | str | None = None, no_cache: bool = False,
-    root: Path | None = None, git_rev: str | None = None, created: str | None = None, repo: str = REPO,
+    root: Path | None = None, git_rev: str | None = None, created: str | None = None, repo: str | None = None,
     buildx: bool = False, cache: str | None = None,
 ) -> BuildPlan:
     """Everything a build needs; `repo` names the image repository (tests use their own, so they never
@@ -152,14 +144,17 @@ def plan(
         raise RlstackError(f"unknown build cache {cache!r}", "the only remote cache is 'gha' (GitHub Actions)")
     if cache and not buildx:
         raise RlstackError("--cache gha needs --buildx", "pass --buildx (CI sets up buildx first)")
-    cert = Path(ca_cert) if ca_cert else default_ca_cert()
+    cert = Path(ca_cert) if ca_cert else settings.ca_cert()
     if cert is not None and not cert.is_file():
-        raise RlstackError(f"CA bundle {cert} does not exist", "pass --ca-cert PATH or unset RLSTACK_CA_CERT")
+        src = "--ca-cert" if ca_cert else settings.lookup("ca_cert").source
+        raise RlstackError(f"CA bundle {cert} does not exist (from {src})",
+                           "pass --ca-cert PATH, or set it once: invoke settings --ca-cert PATH")
     digest = content_hash(stack, image, base)
     args = build_args(
         stack, image, git_rev=git_rev if git_rev is not None else git_revision(base),
         created=created if created is not None else datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    repo = repo or REPO
     return BuildPlan(stack=stack, base_image=image, tag=f"{repo}/{stack.name}:{digest[:12]}",
                      latest=f"{repo}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base,
                      buildx=buildx, cache=cache or None)
@@ -223,7 +218,8 @@ def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
     if not engine.image_exists(p.base_image) and not engine.pull(p.base_image):
         raise DockerError(
             f"the base image {p.base_image} is not present locally and cannot be pulled",
-            "pass --base-image IMG (a local image or a registry mirror), or set RLSTACK_BASE_IMAGE",
+            "pass --base-image IMG (a local image or a registry mirror), or set it once for this machine: "
+            "invoke settings --base-image IMG",
         )
     root = str(info.get("DockerRootDir") or "/var/lib/docker")
     need = build_space_gb(p.stack)
@@ -256,21 +252,24 @@ def layer_digests(ref: str) -> list[str]:
     return list((engine.inspect(ref).get("RootFS") or {}).get("Layers") or [])
 
 
-def smoke_command(p: BuildPlan, exe: str = "docker") -> list[str]:
-    """Re-run the build-time checks in the finished image (now with rlstack installed), as its user."""
-    a = p.args
-    return [exe, "run", "--rm", "--read-only", "--cap-drop", "ALL", "--entrypoint", "python", p.tag,
-            "-m", "rlstack.host.image_checks", "--torch-version", a["TORCH_VERSION"], "--torch-cuda", a["TORCH_CUDA"],
-            "--gpu-archs", a["GPU_ARCHS"], "--lock", f"/opt/rlstack/images/{p.stack.name}/requirements.lock",
-            "--stack", p.stack.name]
-
-
-def smoke(p: BuildPlan) -> None:
+def require_built(p: BuildPlan) -> BuildPlan:
+    """The plan, when its content tag exists; otherwise an error that says why it does not: never built, or
+    built from another base image or source than this command's (the tag hashes both)."""
     engine.engine_info()
-    exe = engine.client()
-    runner.run([exe, "run", "--rm", "--read-only", p.tag, "--version"])
-    if runner.run(smoke_command(p, exe), check=False).returncode != 0:
-        raise DockerError(f"{p.tag}: the image's environment fails its checks (see above)")
+    if engine.image_exists(p.tag):
+        return p
+    hint = f"build it: invoke build --stack {p.stack.name}"
+    if engine.image_exists(p.latest):
+        other = labels_of(p.latest).get("io.rlstack.base-image")
+        if other and other != p.base_image:
+            raise DockerError(
+                f"{p.tag} is not built: {p.latest} was built on base image {other}, this command uses "
+                f"{p.base_image}",
+                f"set the base image once for this machine: invoke settings --base-image {other}   (or build "
+                f"on {p.base_image}: invoke build --stack {p.stack.name})")
+        raise DockerError(f"{p.tag} is not built: {p.latest} is older (the lock, Dockerfile or source changed "
+                          f"since)", hint)
+    raise DockerError(f"{p.tag} is not built (no image of stack '{p.stack.name}' on this engine)", hint)
 
 
 def check_size(p: BuildPlan) -> int:

@@ -3,6 +3,16 @@
 A lock starts with a header that records a hash of everything resolution depends on (the stack's Python
 and platform, the pins stack.toml owns, requirements.in, rlstack's own dependencies). `check` recomputes
 that hash: a lock is stale exactly when an input changed, and the message names the stack and the fix.
+
+Relocking changes only what must change: the committed lock is handed to uv as its preferred pins, so a pin
+that still satisfies the new inputs stays (with its hashes), and only what the change forces moves.
+
+This module is also the one home of the lock-file parser (`parse_locked`); every other reader of a lock
+imports it from here, except host/image_checks.py, which runs by path in the image build before rlstack is
+installed and keeps a standard-library copy.
+
+The image's build backend (hatchling, pyproject's [build-system]) has its own hash-locked file,
+images/build-backend.lock, kept fresh by the same code: see `write_build_backend_lock`.
 """
 
 from __future__ import annotations
@@ -12,19 +22,67 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
+from rlstack.core import pkgnames
 from rlstack.core.errors import LockError, RlstackError, StaleLockError
 from rlstack.core.paths import project_root
-from rlstack.core.pkgnames import normalize  # re-exported: lock.normalize is used across the package
 from rlstack.host import runner
 from rlstack.host.stacks import Stack
 
 HEADER_RE = re.compile(r"^# rlstack-lock: (?P<fields>.*)$", re.M)
-PIN_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)", re.M)
+# One entry of a uv/pip-compile lock: 'name==version [; marker] \' and its '--hash=sha256:...' continuation
+# lines. host/image_checks.py has a standard-library copy of this pattern (PIN_RE); keep the two in step.
+ENTRY_RE = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)"
+    r"(?:[ \t]*;(?P<marker>[^\\\n]*))?"
+    r"(?P<body>(?:[^\n]*\\\n)*[^\n]*)",
+    re.M,
+)
+HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+BUILD_BACKEND_LOCK = "build-backend.lock"
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    """One pin of a lock: the version, every sha256 the lock allows for it, and its environment marker (None
+    when it applies everywhere; image_checks does not require a marked pin to be installed)."""
+
+    name: str
+    version: str
+    hashes: frozenset[str]
+    marker: str | None = None
+
+
+def parse_locked(text: str) -> dict[str, LockedPackage]:
+    """{normalized name: LockedPackage} for every pin of a lock's text."""
+    out: dict[str, LockedPackage] = {}
+    for m in ENTRY_RE.finditer(text):
+        name = pkgnames.normalize(m["name"])
+        marker = (m["marker"] or "").strip() or None
+        out[name] = LockedPackage(name, m["version"], frozenset(HASH_RE.findall(m["body"])), marker)
+    return out
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """{normalized name: version} of a lock's text (parse_locked without the hashes)."""
+    return {name: pkg.version for name, pkg in parse_locked(text).items()}
+
+
+def locked_packages(stack: Stack) -> dict[str, LockedPackage]:
+    """The stack's lock, parsed."""
+    return parse_locked(stack.lock_file.read_text())
+
+
+def locked_versions(stack: Stack) -> dict[str, str]:
+    """{normalized package name: version} from the stack's lock."""
+    return {name: pkg.version for name, pkg in locked_packages(stack).items()}
 
 
 def project_dependencies(root: Path | None = None) -> list[str]:
@@ -63,15 +121,6 @@ def read_header(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in m.group("fields").split() if "=" in part)
 
 
-def locked_versions(stack: Stack) -> dict[str, str]:
-    """{normalized package name: version} from the stack's lock."""
-    return parse_pins(stack.lock_file.read_text())
-
-
-def parse_pins(text: str) -> dict[str, str]:
-    return {normalize(m["name"]): m["version"] for m in PIN_RE.finditer(text)}
-
-
 @dataclass(frozen=True)
 class Resolution:
     ok: bool
@@ -87,24 +136,30 @@ def _uv() -> str:
 
 
 def uv_env() -> dict[str, str]:
-    """uv verifies TLS against SSL_CERT_FILE: pass a corporate CA bundle through when pip has one."""
-    env: dict[str, str] = {}
-    for var in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"):
-        if os.environ.get(var):
-            env["SSL_CERT_FILE"] = os.environ[var]
-            break
-    return env
+    """uv verifies TLS against SSL_CERT_FILE: hand it the machine's CA bundle (rlstack.host.settings)."""
+    from rlstack.host import settings
+
+    ca = settings.ca_cert()
+    return {"SSL_CERT_FILE": str(ca)} if ca else {}
 
 
-def resolve(requirements: list[str], python: str, platform: str, *, hashes: bool = True) -> Resolution:
-    """Resolve `requirements` for (python, platform) without installing anything."""
+def resolve(requirements: list[str], python: str, platform: str | None, *, hashes: bool = True,
+            preferences: str | None = None) -> Resolution:
+    """Resolve `requirements` for (python, platform) without installing anything.
+
+    platform None resolves for every platform (uv --universal; `python` is then the lowest Python). With
+    `preferences` (the text of an existing lock) uv starts from those pins: it reads its --output-file as
+    preferred versions before writing it, and keeps each one, with its hashes, while it still satisfies the
+    requirements. Without them it picks the newest versions that fit."""
     with tempfile.TemporaryDirectory(prefix="rlstack-lock-") as tmp:
         req = Path(tmp) / "requirements.in"
         req.write_text("\n".join(requirements) + "\n")
         out = Path(tmp) / "requirements.lock"
+        if preferences is not None:
+            out.write_text(preferences)
+        target = ["--universal"] if platform is None else ["--python-platform", platform]
         cmd = [
-            _uv(), "pip", "compile", req.name, "--output-file", out.name,
-            "--python-version", python, "--python-platform", platform,
+            _uv(), "pip", "compile", req.name, "--output-file", out.name, "--python-version", python, *target,
             "--no-header", "--quiet", "--no-annotate" if not hashes else "--annotate",
         ]
         if hashes:
@@ -121,8 +176,22 @@ def explain_failure(stderr: str) -> str:
     return "\n".join(lines).strip() or "the resolver failed without an explanation"
 
 
-def write_lock(stack: Stack) -> Path:
-    res = resolve(resolver_input(stack), stack.python, stack.platform)
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_lock(stack: Stack, *, upgrade: bool = False) -> Path:
+    """Resolve the stack and write its lock. The committed lock is the resolver's preference, so only the pins
+    an input change forces move; `upgrade=True` resolves from scratch (newest versions that fit).
+
+    The build backend's lock (images/build-backend.lock) is refreshed on the way when it is stale: `check`
+    checks it with every stack, so `invoke lock` must be able to fix it."""
+    if not build_backend_is_fresh(stack.folder.parent.parent):
+        write_build_backend_lock(stack.folder.parent.parent)
+    current = stack.lock_file.read_text() if stack.lock_file.is_file() and not upgrade else None
+    res = resolve(resolver_input(stack), stack.python, stack.platform, preferences=current)
     if not res.ok:
         raise LockError(
             f"stack '{stack.name}' does not resolve for Python {stack.python} on {stack.platform}:\n{res.text}",
@@ -133,9 +202,7 @@ def write_lock(stack: Stack) -> Path:
         f"platform={stack.platform}\n"
         f"# Generated by 'invoke lock --stack {stack.name}' from stack.toml + requirements.in. Do not edit.\n"
     )
-    tmp = stack.lock_file.with_suffix(".lock.tmp")
-    tmp.write_text(header + res.text)
-    os.replace(tmp, stack.lock_file)
+    _write_atomic(stack.lock_file, header + res.text)
     check_lock_consistency(stack)
     return stack.lock_file
 
@@ -159,7 +226,8 @@ def check_lock_consistency(stack: Stack) -> None:
 
 
 def check(stack: Stack) -> None:
-    """Raise StaleLockError when the lock is missing or was made from other inputs."""
+    """Raise StaleLockError when the lock is missing or was made from other inputs. The build backend's lock
+    is checked with it: every stack's image builds rlstack with that backend."""
     fix = f"run: invoke lock --stack {stack.name}   (then commit {stack.lock_file.name})"
     if not stack.lock_file.is_file():
         raise StaleLockError(f"stack '{stack.name}': {stack.lock_file} is missing", fix)
@@ -174,3 +242,105 @@ def check(stack: Stack) -> None:
             fix,
         )
     check_lock_consistency(stack)
+    check_build_backend(stack.folder.parent.parent)
+
+
+# The build backend. The image installs rlstack from its source folder, which runs pyproject's build backend
+# (hatchling); left to itself the installer fetches whatever hatchling is newest, unhashed, at build time.
+# images/build-backend.lock pins it and its dependencies with hashes, for every platform and every Python
+# rlstack supports (a universal resolution from requires-python's floor), and images/Dockerfile installs
+# it with --require-hashes into a throwaway environment that builds rlstack's wheel without build isolation.
+
+
+def build_backend_lock_file(root: Path | None = None) -> Path:
+    return (root or project_root()) / "images" / BUILD_BACKEND_LOCK
+
+
+def _pyproject(root: Path | None) -> dict[str, object]:
+    return tomllib.loads(((root or project_root()) / "pyproject.toml").read_text())
+
+
+def build_requirements(root: Path | None = None) -> list[str]:
+    """pyproject's [build-system] requires, each pinned with '==' (the lock must build what `pip install .`
+    builds with, so the pin lives in pyproject and the lock follows it)."""
+    system = _pyproject(root).get("build-system")
+    requires = list(system.get("requires", [])) if isinstance(system, dict) else []
+    if not requires:
+        raise LockError("pyproject.toml: [build-system] requires is empty", "requires = [\"hatchling==X.Y.Z\"]")
+    for line in requires:
+        try:
+            spec = Requirement(line).specifier
+        except InvalidRequirement as exc:
+            raise LockError(f"pyproject.toml: [build-system] requires '{line}': {exc}") from None
+        if len(spec) != 1 or next(iter(spec)).operator != "==":
+            raise LockError(f"pyproject.toml: [build-system] requires '{line}' is not pinned with '=='",
+                            "pin the build backend (the image installs it hash-locked from images/build-backend.lock)")
+    return requires
+
+
+def build_backend_python(root: Path | None = None) -> str:
+    """The lowest Python rlstack supports (requires-python '>=3.11' -> '3.11'): the floor of the universal
+    resolution, so the lock fits every stack's Python."""
+    project = _pyproject(root).get("project")
+    requires_python = str(project.get("requires-python", "")) if isinstance(project, dict) else ""
+    m = re.search(r">=\s*(\d+\.\d+)", requires_python)
+    if not m:
+        raise LockError(f"pyproject.toml: requires-python '{requires_python}' has no '>=3.X' floor",
+                        "set requires-python = \">=3.11\" (the build backend's lock is resolved from it)")
+    return m[1]
+
+
+def build_backend_inputs_hash(root: Path | None = None) -> str:
+    payload = {"python": build_backend_python(root), "platform": "universal", "requirements": build_requirements(root)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def write_build_backend_lock(root: Path | None = None, *, upgrade: bool = False) -> Path:
+    """Resolve pyproject's build requirements (universal, hashed) into images/build-backend.lock, keeping the
+    committed pins that still fit, as write_lock does."""
+    path = build_backend_lock_file(root)
+    python = build_backend_python(root)
+    current = path.read_text() if path.is_file() and not upgrade else None
+    res = resolve(build_requirements(root), python, None, preferences=current)
+    if not res.ok:
+        raise LockError(f"pyproject.toml's [build-system] requires do not resolve for Python >= {python}:\n{res.text}",
+                        "change the build backend pin in pyproject.toml")
+    header = (
+        f"# rlstack-lock: lock=build-backend inputs={build_backend_inputs_hash(root)} python={python} "
+        "platform=universal\n"
+        "# Generated by 'invoke lock' from pyproject.toml's [build-system] requires. Do not edit.\n"
+        "# images/Dockerfile installs it with --require-hashes to build rlstack's wheel (no build isolation).\n"
+    )
+    _write_atomic(path, header + res.text)
+    check_build_backend(root)
+    print(f"rlstack: wrote {path}", file=sys.stderr, flush=True)
+    return path
+
+
+def build_backend_is_fresh(root: Path | None = None) -> bool:
+    """False when check_build_backend finds anything that writing the lock again would fix."""
+    try:
+        check_build_backend(root)
+    except LockError:
+        return False
+    return True
+
+
+def check_build_backend(root: Path | None = None) -> None:
+    """Raise StaleLockError when images/build-backend.lock is missing or was made from other build
+    requirements; LockError when it does not hold the version pyproject pins."""
+    path = build_backend_lock_file(root)
+    fix = f"run: invoke lock   (then commit {path.parent.name}/{path.name})"
+    if not path.is_file():
+        raise StaleLockError(f"{path} is missing (the image builds rlstack with the build backend it locks)", fix)
+    text = path.read_text()
+    if read_header(text).get("inputs") != build_backend_inputs_hash(root):
+        raise StaleLockError(
+            f"{path} is stale: pyproject.toml's [build-system] requires or requires-python changed", fix)
+    locked = parse_pins(text)
+    for line in build_requirements(root):
+        req = Requirement(line)
+        want = next(iter(req.specifier)).version
+        got = locked.get(pkgnames.normalize(req.name))
+        if got != want:
+            raise LockError(f"{path}: {req.name} is {got}, pyproject.toml's [build-system] pins {want}", fix)

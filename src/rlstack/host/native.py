@@ -137,8 +137,9 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
     """Fetch the carried wheels (sha256 against the lock), pack and split them into out_dir. The folder is
     written aside and swapped in at the end, so an interrupted stage leaves the previous one whole."""
     from rlstack.host import locks
+    from rlstack.host.locks import parse_locked
     from rlstack.host.stacks import load_stack
-    from rlstack.probes.wheels import WheelCache, parse_locked
+    from rlstack.probes.wheels import WheelCache
 
     if part_mb < 1:
         raise NativeError(f"--part-mb {part_mb}: a part must hold at least 1 MiB")

@@ -10,10 +10,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
+from packaging.requirements import InvalidRequirement
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlstack.core.errors import StackFileError, UnknownStackError
 from rlstack.core.paths import images_dir
+from rlstack.core.pkgnames import normalize, requirement_name
 
 ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
 VERSION_RE = re.compile(r"^\d+(\.\d+)*$")
@@ -55,6 +57,8 @@ class Stack(_Strict):
     key_packages: list[str] = Field(default_factory=list, description="versions shown in tables and labels")
     max_image_gb: float = Field(gt=0, description="CI fails an image larger than this")
     ci_canary: bool = Field(False, description="its first GPU probe job runs alone before the rest")
+    default_recipe: str = Field("gsm8k-grpo", min_length=1,
+                                description="the recipe `invoke train --stack NAME` runs when none is given")
 
     # Not part of the file; set by the loader.
     folder: Path = Field(default=Path("."), exclude=True)
@@ -148,9 +152,13 @@ def load_stack_file(path: Path) -> Stack:
         )
     if not stack.requirements_in.is_file():
         raise StackFileError(f"{stack.requirements_in}: missing", "each stack folder needs a requirements.in")
+    owned = {normalize(p) for p in ("torch", *([stack.cuda_toolkit.package] if stack.cuda_toolkit else []))}
     for line in stack.top_level:
-        pkg = re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower().replace("_", "-")
-        owned = {"torch"} | ({stack.cuda_toolkit.package} if stack.cuda_toolkit else set())
+        try:
+            pkg = requirement_name(line)
+        except InvalidRequirement as exc:
+            raise StackFileError(f"{stack.requirements_in}: '{line}' is not a requirement: {exc}",
+                                 "one PEP 508 requirement per line (name, extras, version, marker)") from None
         if pkg in owned:
             raise StackFileError(
                 f"{stack.requirements_in}: '{line}' pins {pkg}, which stack.toml owns",

@@ -8,12 +8,14 @@ copy, one that `verify` refuses with a message naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstack import __version__
 from rlstack.core.errors import RlstackError
-from rlstack.core.fileio import fsync_path, sha256_file
+from rlstack.core.fileio import fsync_path, sha256_file, swap_in
 
 MANIFEST = "manifest.json"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -146,13 +148,7 @@ def write_adapter(
             fsync_path(tmp / rel)
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
             fsync_path(d)
-        if final.exists():  # overwrite: move the old one aside first so the rename is still one step
-            old = root / f".old-{name}-{secrets.token_hex(4)}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        swap_in(tmp, final)  # overwrite: the old adapter moves aside first, so the rename is still one step
         fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -222,8 +218,24 @@ def find_adapter(spec: str | Path, root: Path | None = None) -> Path:
     )
 
 
-def list_adapters(root: Path | None = None) -> list[Manifest]:
-    """Manifests of the complete adapters under root, by name; temporary folders and broken ones are skipped."""
+@dataclass(frozen=True)
+class Entry:
+    """One folder of the store as a listing shows it: its manifest when it has a readable one, and why it
+    cannot be used when it cannot (a listing never hides a broken adapter)."""
+
+    folder: Path
+    manifest: Manifest | None
+    problem: str | None
+    hashes_checked: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def scan(root: Path | None = None, *, check_files: bool = False) -> list[Entry]:
+    """Every adapter folder under root (temporary and hidden ones aside), each read and, with `check_files`,
+    verified file by file. Checks all of them: one bad adapter does not hide the others."""
     root = Path(root) if root is not None else default_root()
     if not root.is_dir():
         return []
@@ -231,8 +243,13 @@ def list_adapters(root: Path | None = None) -> list[Manifest]:
     for d in sorted(root.iterdir()):
         if not d.is_dir() or d.name.startswith("."):
             continue
+        manifest = None
         try:
-            out.append(read_manifest(d))
-        except AdapterError:
-            continue
+            manifest = verify(d) if check_files else read_manifest(d)
+            problem = None
+        except AdapterError as exc:
+            problem = exc.message
+            with contextlib.suppress(AdapterError):
+                manifest = manifest or read_manifest(d)
+        out.append(Entry(d, manifest, problem, check_files and problem is None))
     return out

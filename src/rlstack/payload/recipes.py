@@ -2,27 +2,38 @@
 
 Every field has one home here; the TOML files in recipes/ only set values. `--set a.b=value` overrides any field
 (the value is read as TOML, so numbers, booleans and lists work; anything else is a string). Unknown fields, in a
-file or an override, are errors that name them, so a typo never silently falls back to a default.
+file or an override, at any depth, are errors that name them and suggest the closest valid name ("did you mean
+grpo.learning_rate?"), or list the section's fields when nothing is close, so a typo never silently falls back to
+a default. Messages name files as the user has them (rlstack.core.paths.shown: inside a container, the host file a
+/mnt/inputs mount came from) and point to things the user has: recipes/gsm8k-grpo.toml and `rlstack train --help`,
+never into this source.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlstack.core.errors import RlstackError
-from rlstack.core.paths import recipes_dir
+from rlstack.core.paths import recipes_dir, shown
 
 RewardName = Literal["correctness", "format"]
 DEFAULT_REWARDS: tuple[RewardName, ...] = ("correctness", "format")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# Hints name what a user has: a shipped recipe (in the checkout, and in every image under /opt/rlstack) and the CLI.
+EXAMPLE_RECIPE = "recipes/gsm8k-grpo.toml"
+FIX_HINT = (f"for a working example see {EXAMPLE_RECIPE} (in the images: /opt/rlstack/{EXAMPLE_RECIPE}); "
+            "`rlstack train --help` lists the flags, and --set section.field=value changes one field")
 
 
 class RecipeError(RlstackError):
@@ -184,22 +195,94 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         for part in parts[:-1]:
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                raise RecipeError(f"override {item!r}: '{part}' is a value, not a table")
+                raise RecipeError(f"override {item!r}: '{part}' is a value, not a table", FIX_HINT)
             node = nxt
         node[parts[-1]] = _parse_value(raw.strip())
     return out
 
 
-def _explain(source: str, exc: ValidationError) -> RecipeError:
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field holds (TinySpec for `TinySpec | None`), or None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _section(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The model at a dotted location: () -> Recipe, ('model', 'tiny') -> TinySpec; None where it is no model."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        model = _submodel(field.annotation) if field else None
+    return model
+
+
+def _all_fields(model: type[BaseModel] = Recipe, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every valid location in the recipe, sections and their fields, depth first."""
+    out: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        out.append((*prefix, name))
+        sub = _submodel(field.annotation)
+        if sub is not None:
+            out += _all_fields(sub, (*prefix, name))
+    return out
+
+
+def _unknown_field(loc: tuple[str, ...], below: tuple[str, ...] = ()) -> str:
+    """What to say about an unknown key: the closest valid names, else the fields the section does have.
+    `below` is the rest of a --set key under an unknown section (grpoo.max_steps -> did you mean grpo.max_steps?)."""
+    *parent, name = loc
+    section = _section(tuple(parent))
+    valid = list(section.model_fields) if section else []
+    known = set(_all_fields())
+    close = []
+    for match in difflib.get_close_matches(name, valid, n=3, cutoff=0.6):
+        fuller = (*parent, match, *below)
+        close.append(".".join(fuller if fuller in known else (*parent, match)))
+    if not close:
+        # the right name in the wrong section (learning_rate at the top level -> grpo.learning_rate)
+        elsewhere = [p for p in _all_fields() if tuple(p[:-1]) != tuple(parent)]
+        leaves = sorted({p[-1] for p in elsewhere})
+        near = difflib.get_close_matches(name, leaves, n=2, cutoff=0.8)
+        close = [".".join(p) for p in elsewhere if p[-1] in near][:4]
+    if close:
+        return "did you mean " + " or ".join(close) + "?"
+    where = f"[{'.'.join(parent)}]" if parent else "the top level of a recipe"
+    return f"valid fields of {where}: {', '.join(valid)}" if valid else "this section takes no fields"
+
+
+def _has(data: Any, loc: tuple[str, ...]) -> bool:
+    for part in loc:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _explain(source: str, exc: ValidationError, data: dict[str, Any] | None = None,
+             overrides: Iterable[str] = ()) -> RecipeError:
+    """One line per problem; an unknown key says which --set brought it in (when the file does not have it)."""
+    set_keys = [(item, tuple(item.partition("=")[0].strip().split("."))) for item in overrides]
     lines = []
     for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<recipe>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"unknown field '{loc}'")
+        loc = tuple(str(x) for x in e["loc"])
+        dotted = ".".join(loc) or "<recipe>"
+        if e["type"] == "extra_forbidden" and loc:
+            origin = next(((item, key) for item, key in set_keys if key[:len(loc)] == loc), None)
+            if origin is not None and not _has(data, loc):
+                lines.append(f"unknown field '{dotted}' (from --set {origin[0]}): "
+                             f"{_unknown_field(loc, origin[1][len(loc):])}")
+            else:
+                lines.append(f"unknown field '{dotted}': {_unknown_field(loc)}")
         else:
-            lines.append(f"{loc}: {e['msg']}")
-    return RecipeError(f"{source}: invalid recipe:\n  " + "\n  ".join(lines),
-                       "see the fields in src/rlstack/recipes.py, or recipes/gsm8k-grpo.toml for an example")
+            lines.append(f"{dotted}: {e['msg']}")
+    return RecipeError(f"{source}: invalid recipe:\n  " + "\n  ".join(lines), FIX_HINT)
+
+
+def available() -> list[str]:
+    """The recipe names in recipes/ (what `--recipe NAME` accepts)."""
+    return sorted(x.stem for x in recipes_dir().glob("*.toml"))
 
 
 def resolve_path(spec: str | Path) -> Path:
@@ -210,8 +293,12 @@ def resolve_path(spec: str | Path) -> Path:
     for candidate in (recipes_dir() / p.name, recipes_dir() / f"{p.name}.toml"):
         if candidate.is_file():
             return candidate
-    known = ", ".join(sorted(x.stem for x in recipes_dir().glob("*.toml")))
-    raise RecipeError(f"recipe {spec} not found", f"recipes here: {known}")
+    known = available()
+    close = difflib.get_close_matches(p.name.removesuffix(".toml"), known, n=2, cutoff=0.5)
+    guess = f"; did you mean {' or '.join(close)}?" if close else ""
+    listing = (f"recipes: {', '.join(known)}" if known else f"no recipes in {shown(recipes_dir())}")
+    hint = f"{listing}; or pass the path of a .toml file (see {EXAMPLE_RECIPE})"
+    raise RecipeError(f"recipe '{shown(spec)}' not found: not a file, nor a name in recipes/{guess}", hint)
 
 
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> Recipe:
@@ -219,12 +306,17 @@ def load(spec: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{path}: not valid TOML: {exc}") from None
+        raise RecipeError(f"{shown(path)}: not valid TOML: {exc}", FIX_HINT) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # OSError's str repeats the path
+        raise RecipeError(f"{shown(path)}: cannot read the recipe: {why}") from None
     return from_dict(data, overrides, source=str(path))
 
 
 def from_dict(data: dict[str, Any], overrides: Iterable[str] = (), source: str = "<recipe>") -> Recipe:
+    """Validate `data` with `overrides` applied; `source` (a path, shown as the user has it) heads the errors."""
+    overrides = list(overrides)
     try:
         return Recipe.model_validate(apply_overrides(data, overrides))
     except ValidationError as exc:
-        raise _explain(source, exc) from None
+        raise _explain(shown(source), exc, data, overrides) from None

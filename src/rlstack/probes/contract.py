@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstack.host.locks import normalize
+from rlstack.core.pkgnames import normalize
 from rlstack.probes import pyast
 from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.wheels import SourceSet

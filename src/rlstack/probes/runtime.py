@@ -1,6 +1,6 @@
 """Runtime probes: the stack on a real GPU. Each probe runs in its own Python process (a vLLM or CUDA crash
 takes only that probe down, and its log is the evidence the signatures read), on this machine's Python:
-inside an image, or natively on a GPU host (`rlstack probe --stack X --layer runtime --json -o FILE`).
+inside an image, or natively on a GPU host (`rlstack probe --stack X --layer runtime -o FILE`).
 
 Probes: CUDA init, a bitsandbytes 4-bit matmul, an FP8 matmul (torch._scaled_mm), a vLLM engine start
 with enable_lora (its LoRA warmup runs at start; FP8 quantization when asked; unsloth_zoo's vLLM patches
@@ -146,22 +146,25 @@ def body_grpo_step() -> None:
         _emit("skip", "rlstack.payload.train is not in this installation")
         return
     with tempfile.TemporaryDirectory(prefix="rlstack-probe-grpo-") as tmp:
-        cmd = [sys.executable, "-m", "rlstack.cli", "train", "--recipe", "smoke-cpu", "--max-steps", "1",
-               "--adapter-name", "probe-grpo-step", "--adapters-root", f"{tmp}/adapters", "--output", f"{tmp}/run",
-               "--data", "generated:64"]
+        from rlstack.core.options import argv_for
+        from rlstack.payload.commands import train
+
+        overrides: list[str] = []
         loader = "transformers+peft"
         if _have("unsloth"):
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
             # lives), on a tiny model with 64-wide heads so its kernels take their usual shapes
             # and untied embeddings: Unsloth's generate on this tied tiny model dies in a device-side assert
             # (seen on an H200 with unsloth 2026.3.11 and 2026.6.1), before any GRPO code runs
-            cmd += ["--set", "model.loader=unsloth", "--set", "model.tiny.tie_word_embeddings=false",
-                    "--set", "model.tiny.hidden_size=256",
-                    "--set", "model.tiny.intermediate_size=512", "--set", "model.tiny.num_attention_heads=4"]
+            overrides += ["model.loader=unsloth", "model.tiny.tie_word_embeddings=false", "model.tiny.hidden_size=256",
+                          "model.tiny.intermediate_size=512", "model.tiny.num_attention_heads=4"]
             loader = "unsloth"
         # extra recipe overrides, ';'-separated: for chasing a failure on a GPU host without editing code
-        for item in filter(None, os.environ.get("RLSTACK_PROBE_TRAIN_SET", "").split(";")):
-            cmd += ["--set", item.strip()]
+        overrides += [item.strip() for item in os.environ.get("RLSTACK_PROBE_TRAIN_SET", "").split(";") if item.strip()]
+        cmd = [sys.executable, "-m", "rlstack.cli", *argv_for(train, {
+            "recipe": "smoke-cpu", "max_steps": 1, "adapter_name": "probe-grpo-step",
+            "adapters_root": f"{tmp}/adapters", "output": f"{tmp}/run", "data": "generated:64",
+            "overrides": overrides})]
         print("$ " + " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, text=True, capture_output=True, timeout=TIMEOUTS["grpo-step"] - 30)
         _keep_log("grpo-step-train", proc.stdout + proc.stderr)

@@ -19,26 +19,32 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from rlstack.core.pkgnames import normalize, requirement_name
 from rlstack.host import locks
 from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import toolchain
 from rlstack.probes.model import ProbeResult
-from rlstack.probes.wheels import INDEX_URL, WheelCache, _get, cache_dir, parse_locked
+from rlstack.probes.wheels import INDEX_URL, WheelCache, _get, cache_dir
 
 FINAL_RE = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 NVCC = {"12": "nvidia-cuda-nvcc-cu12", "13": "nvidia-cuda-nvcc"}
 
 
-def vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+def vkey(v: str) -> Version:
+    """Release order as installers see it (PEP 440): 1.0 < 1.0.post1 < 1.0.1, where comparing the numbers
+    alone would put 1.0.post1 level with 1.0.1."""
+    return Version(v)
 
 
 def index_versions(name: str, max_age_s: float = 86400) -> list[str]:
     """Final releases of a package on the index, oldest first (PEP 691 'versions'; cached a day)."""
-    path = cache_dir() / "index" / f"{locks.normalize(name)}.versions.json"
+    path = cache_dir() / "index" / f"{normalize(name)}.versions.json"
     if path.is_file() and time.time() - path.stat().st_mtime < max_age_s:
         return list(json.loads(path.read_text()))
-    with _get(f"{INDEX_URL}/{locks.normalize(name)}/", "application/vnd.pypi.simple.v1+json") as resp:
+    with _get(f"{INDEX_URL}/{normalize(name)}/", "application/vnd.pypi.simple.v1+json") as resp:
         data = json.load(resp)
     versions = data.get("versions") or sorted({f["filename"].split("-")[1] for f in data.get("files", [])
                                                 if f["filename"].endswith(".whl")})
@@ -95,8 +101,9 @@ def _pinned_top_level(stack: Stack) -> dict[str, str]:
     locked = locks.locked_versions(stack)
     out = {}
     for line in stack.top_level:
-        name = locks.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
-        if re.search(r"[<>=~]", line) and name in locked:
+        req = Requirement(line)
+        name = normalize(req.name)
+        if req.specifier and name in locked:
             out[name] = locked[name]
     return out
 
@@ -129,7 +136,7 @@ def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> lis
     locked = locks.locked_versions(stack)
     reqs = []
     for line in stack.top_level:
-        name = locks.normalize(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
+        name = requirement_name(line)
         if name in cand.pins:
             v = cand.pins[name]
             reqs.append(f"{name}=={v}" if v else f"{name}>={locked[name]}")
@@ -237,7 +244,7 @@ def search(stack_name: str, *, gpu_arch: str, max_candidates: int = 8, cache: Wh
             cand.results = [ProbeResult(id="resolve:candidate", layer="resolve", status="fail",
                                         reason=" ".join(full.text.split())[:400])]
             continue
-        locked = parse_locked(full.text)
+        locked = locks.parse_locked(full.text)
         cand.resolved = {k: v.version for k, v in locked.items()}
         results = [ProbeResult(id="resolve:candidate", layer="resolve", status="pass",
                                reason=f"resolves ({len(locked)} packages)")]

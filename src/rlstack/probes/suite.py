@@ -10,14 +10,16 @@ from pathlib import Path
 
 from rlstack.core.errors import RlstackError
 from rlstack.host import locks
+from rlstack.host.locks import LockedPackage, parse_locked
 from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import contract, environment, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
-from rlstack.probes.wheels import LockedPackage, SourceSet, WheelCache, WheelError, parse_locked
+from rlstack.probes.wheels import SourceSet, WheelCache, WheelError
 
 
 def locked_packages(stack: Stack, lock_text: str | None = None) -> dict[str, LockedPackage]:
-    return parse_locked(lock_text if lock_text is not None else stack.lock_file.read_text())
+    """The stack's lock (or another lock text for it, such as a --suggest candidate's), parsed by locks."""
+    return parse_locked(lock_text) if lock_text is not None else locks.locked_packages(stack)
 
 
 def fetch_sources(stack: Stack, names: set[str], locked: dict[str, LockedPackage], cache: WheelCache

@@ -17,9 +17,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstack.host.locks import normalize
+from rlstack.core.fileio import sha256_file
+from rlstack.core.pkgnames import normalize
 from rlstack.probes.model import Evidence, ProbeResult
-from rlstack.probes.wheels import SourceSet, cache_dir, sha256_file
+from rlstack.probes.wheels import SourceSet, cache_dir
 
 RULES_FILE = Path(__file__).with_name("toolchain.yaml")
 ARCH_LIST_RE = re.compile(rb"(?:sm|compute)_\d{2,3}[af]?(?: (?:sm|compute)_\d{2,3}[af]?)+")

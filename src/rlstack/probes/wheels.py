@@ -18,18 +18,20 @@ import sys
 import urllib.request
 import zipfile
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion
+
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import sha256_file
-from rlstack.host.locks import normalize
+from rlstack.core.pkgnames import normalize
+from rlstack.host.locks import LockedPackage
 
 INDEX_URL = os.environ.get("RLSTACK_INDEX_URL", "https://pypi.org/simple")
-ENTRY_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)(?P<body>(?:[^\n]*\\\n)*[^\n]*)",
-                      re.M)
-HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
 class WheelError(RlstackError):
@@ -40,81 +42,65 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLSTACK_CACHE", Path.home() / ".cache" / "rlstack"))
 
 
-@dataclass(frozen=True)
-class LockedPackage:
-    name: str
-    version: str
-    hashes: frozenset[str]
-
-
-def parse_locked(text: str) -> dict[str, LockedPackage]:
-    """{normalized name: LockedPackage} with every sha256 the lock allows for that pin."""
-    out = {}
-    for m in ENTRY_RE.finditer(text):
-        name = normalize(m["name"])
-        out[name] = LockedPackage(name, m["version"], frozenset(HASH_RE.findall(m["body"])))
-    return out
-
-
 def _manylinux_max(platform: str) -> tuple[int, int]:
+    """The newest glibc a stack platform ('x86_64-manylinux_2_28') promises; manylinux2014's 2.17 otherwise."""
     m = re.search(r"manylinux_(\d+)_(\d+)", platform)
     return (int(m[1]), int(m[2])) if m else (2, 17)
 
 
-_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+# PEP 600's aliases for the manylinux tags that predate the glibc-numbered ones.
+_LEGACY = {(2, 5): "manylinux1", (2, 12): "manylinux2010", (2, 17): "manylinux2014"}
+
+
+@lru_cache(maxsize=32)
+def _supported(python: str, platform: str) -> dict[Tag, tuple[int, int, int]]:
+    """Every tag a CPython `python` on `platform` installs, as packaging.tags lists them for that target (not
+    for this machine), with its preference: (interpreter score, glibc major, glibc minor).
+
+    Interpreter score: 3 for this CPython's own tags (cp311 with cp311/abi3/none), 2 for the stable ABI of an
+    older CPython (cp38-abi3), 1 for pure-Python tags (py3, py311). 'any' counts as glibc (0, 0)."""
+    major, minor = (int(x) for x in python.split(".")[:2])
+    arch = "aarch64" if "aarch64" in platform else "x86_64"
+    gmajor, gmax = _manylinux_max(platform)
+    glibc: dict[str, tuple[int, int]] = {}
+    for gminor in range(gmax, -1, -1):  # newest glibc first, as an installer prefers them
+        glibc[f"manylinux_{gmajor}_{gminor}_{arch}"] = (gmajor, gminor)
+        if (gmajor, gminor) in _LEGACY:
+            glibc[f"{_LEGACY[gmajor, gminor]}_{arch}"] = (gmajor, gminor)
+    glibc["any"] = (0, 0)
+    interpreter = f"cp{major}{minor}"
+    tags = [*cpython_tags((major, minor), abis=[interpreter], platforms=list(glibc)),
+            *compatible_tags((major, minor), interpreter, platforms=list(glibc))]
+    out: dict[Tag, tuple[int, int, int]] = {}
+    for tag in tags:
+        score = 3 if tag.interpreter == interpreter else 2 if tag.interpreter.startswith("cp") else 1
+        out.setdefault(tag, (score, *glibc[tag.platform]))
+    return out
 
 
 def wheel_score(filename: str, python: str, platform: str) -> tuple[int, ...] | None:
     """None when the wheel cannot install on (python, platform); else a sort key (higher = preferred:
-    most specific interpreter tag, newest glibc that still fits, highest build number)."""
-    if not filename.endswith(".whl"):
+    most specific interpreter tag, newest glibc that still fits, highest build number).
+
+    The filename is read by packaging (name, version, build tag, compressed tag sets) and its tags are
+    matched against packaging.tags' list for the stack's Python and platform."""
+    try:
+        _, _, build, tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
         return None
-    parts = filename[:-4].split("-")
-    if len(parts) not in (5, 6):
+    supported = _supported(python, platform)
+    scores = [supported[t] for t in tags if t in supported]
+    if not scores:
         return None
-    bm = re.match(r"\d*", parts[2]) if len(parts) == 6 else None
-    build = int(bm[0] or 0) if bm else 0
-    pytags, abitags, plats = parts[-3].split("."), parts[-2].split("."), parts[-1].split(".")
-    major, minor = (int(x) for x in python.split("."))
-    arch = "aarch64" if "aarch64" in platform else "x86_64"
-    py_score = -1
-    for t in pytags:
-        m = re.fullmatch(r"(cp|py)(\d)(\d*)", t)
-        if not m or int(m[2]) != major:
-            continue
-        tminor = int(m[3]) if m[3] else None
-        if m[1] == "cp" and tminor == minor and any(a in (f"cp{major}{minor}", "abi3", "none") for a in abitags):
-            py_score = max(py_score, 3)
-        elif m[1] == "cp" and tminor is not None and tminor <= minor and "abi3" in abitags:
-            py_score = max(py_score, 2)
-        elif m[1] == "py" and (tminor is None or tminor <= minor) and "none" in abitags:
-            py_score = max(py_score, 1)
-    if py_score < 0:
-        return None
-    glibc_max = _manylinux_max(platform)
-    plat_score: tuple[int, int] | None = None
-    for p in plats:
-        if p == "any":
-            cand = (0, 0)
-        elif p.endswith(f"_{arch}"):
-            head = p[: -len(arch) - 1]
-            m = re.fullmatch(r"manylinux_(\d+)_(\d+)", head)
-            cand = (int(m[1]), int(m[2])) if m else _LEGACY.get(head, (-1, -1))
-            if cand == (-1, -1) or cand > glibc_max:
-                continue
-        else:
-            continue
-        plat_score = cand if plat_score is None else max(plat_score, cand)
-    if plat_score is None:
-        return None
-    return (py_score, *plat_score, build)
+    return (*max(scores), build[0] if build else 0)
 
 
 def _ssl_context() -> ssl.SSLContext:
-    for var in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"):
-        if os.environ.get(var) and Path(os.environ[var]).is_file():
-            return ssl.create_default_context(cafile=os.environ[var])
-    return ssl.create_default_context()
+    """TLS verified against the machine's CA bundle where one is set (rlstack.host.settings)."""
+    from rlstack.host import settings
+
+    ca = settings.ca_cert()
+    return ssl.create_default_context(cafile=str(ca)) if ca and ca.is_file() else ssl.create_default_context()
 
 
 def _get(url: str, accept: str | None = None, timeout: float = 60) -> Any:

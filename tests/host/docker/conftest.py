@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlstack.core.errors import DockerError
-from rlstack.host import engine, images, stacks
+from rlstack.host import engine, images, settings, stacks
 from rlstack.host.containers import Volumes
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def base_image(engine_info: dict[str, object]) -> str:
 def ca_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The host's CA bundle plus a unique marker line: the build's TLS works as before, and the marker
     proves where the secret's bytes went (nowhere in the image, the tests check)."""
-    src = images.default_ca_cert() or Path("/etc/ssl/certs/ca-certificates.crt")
+    src = settings.ca_cert() or Path("/etc/ssl/certs/ca-certificates.crt")
     out = tmp_path_factory.mktemp("ca") / "ca.pem"
     out.write_text(Path(src).read_text() + f"\n{CA_MARKER}\n")
     return out

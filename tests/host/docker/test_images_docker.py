@@ -17,8 +17,11 @@ from typing import IO
 import pytest
 
 from rlstack.core.errors import DockerError
-from rlstack.host import containers, engine, images, locks, stacks
+from rlstack.core.options import argv_for
+from rlstack.core.pkgnames import normalize
+from rlstack.host import commands, containers, engine, images, locks, settings, stacks
 from rlstack.host.containers import Volumes
+from rlstack.payload import commands as payload
 
 TEST_REPO = "rlstack-test"
 
@@ -40,12 +43,12 @@ def test_image_runs_as_non_root_with_labels(cpu_image: str, cpu_stack: stacks.St
     assert env["HF_HOME"] == "/hf-cache"
     labels = meta["Config"]["Labels"]
     assert labels["io.rlstack.stack"] == "cpu"
-    assert labels["io.rlstack.host.locks-hash"] == locks.lock_hash(cpu_stack)
+    assert labels["io.rlstack.lock-hash"] == locks.lock_hash(cpu_stack)
     assert labels["io.rlstack.torch"] == cpu_stack.torch.version
     assert labels["io.rlstack.cuda"] == cpu_stack.torch.cuda
     pins = locks.locked_versions(cpu_stack)
     for pkg in cpu_stack.key_packages:
-        assert f"{pkg}=={pins[locks.normalize(pkg)]}" in labels["io.rlstack.packages"].split()
+        assert f"{pkg}=={pins[normalize(pkg)]}" in labels["io.rlstack.packages"].split()
     assert labels["org.opencontainers.image.revision"]
     assert labels["org.opencontainers.image.created"]
     out = _docker("run", "--rm", "--entrypoint", "id", cpu_image).stdout
@@ -141,7 +144,7 @@ def test_no_ca_bundle_or_secret_in_any_layer(rebuilt: tuple[str, str], ca_bundle
     bundle nor its marker may be in any layer, the history or the config."""
     image = rebuilt[1]
     digests = {hashlib.sha256(ca_bundle.read_bytes()).hexdigest()}
-    host = images.default_ca_cert()
+    host = settings.ca_cert()
     if host and host.is_file():
         digests.add(hashlib.sha256(host.read_bytes()).hexdigest())
     hits = _scan_for(image, [ca_marker.encode()], digests)
@@ -165,7 +168,8 @@ def test_train_in_one_container_verify_in_another(cpu_image: str, cpu_stack: sta
     env = {"HF_TOKEN": token}
     train = containers.spec_for(
         cpu_stack, cpu_image,
-        containers.train_argv("recipes/smoke-cpu.toml", ["grpo.max_steps=2"], ["--adapter-name", "t1"]),
+        argv_for(payload.train, {"recipe": "recipes/smoke-cpu.toml", "overrides": ["grpo.max_steps=2"],
+                                 "adapter_name": "t1"}),
         volumes=volumes, environ=env, cwd=Path("/nonexistent"),
     )
     assert "HF_TOKEN" in train.env_names
@@ -179,10 +183,10 @@ def test_train_in_one_container_verify_in_another(cpu_image: str, cpu_stack: sta
                                 volumes=volumes, environ={})
     proc = _run(check)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    manifests = json.loads(proc.stdout)
-    assert [m["name"] for m in manifests] == ["t1"]
-    m = manifests[0]
-    assert m["stack"] == "cpu" and m["lock_hash"] == locks.lock_hash(cpu_stack)
+    entries = json.loads(proc.stdout)
+    assert [(e["folder"], e["ok"], e["hashes_checked"]) for e in entries] == [("t1", True, True)]
+    m = entries[0]["manifest"]
+    assert m["name"] == "t1" and m["stack"] == "cpu" and m["lock_hash"] == locks.lock_hash(cpu_stack)
     assert m["files"] and all(len(h) == 64 for h in m["files"].values())
 
     # eval's mount is read-only: a write into the adapters volume is refused
@@ -199,12 +203,52 @@ def test_train_in_one_container_verify_in_another(cpu_image: str, cpu_stack: sta
     assert token not in meta
 
 
-def test_gpu_stack_without_nvidia_runtime_names_the_toolkit(engine_info: dict[str, object]) -> None:
+def test_gpu_stack_is_refused_before_any_build_without_nvidia_runtime(engine_info: dict[str, object]) -> None:
+    """A GPU stack's image is 8-10 GB and minutes to build: an engine that cannot run it says so first."""
+    import time
+
     if engine.nvidia_runtime_problem(engine_info) is None:
         pytest.skip("this engine has an NVIDIA runtime")
-    spec = containers.RunSpec(image="rlstack/portable:latest", argv=("train",), gpus=True)
+    portable = stacks.load_stack("portable")
+    plan = images.plan(portable, repo=TEST_REPO)
+    t0 = time.monotonic()
     with pytest.raises(DockerError, match="nvidia-container-toolkit"):
-        containers.run(spec)
+        containers.ready_image(portable, base_image=plan.base_image)
+    assert time.monotonic() - t0 < 30 and not engine.image_exists(plan.tag)
+
+
+def test_check_image_passes_in_the_built_image(cpu_image: str, cpu_stack: stacks.Stack, base_image: str,
+                                             context_copy: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    plan = replace(images.plan(cpu_stack, base_image=base_image, root=context_copy, repo=TEST_REPO), tag=cpu_image)
+    containers.check_image(plan)  # read-only root: Python finds its temporary folder on the tmpfs
+    out = capfd.readouterr()
+    assert "No usable temporary directory" not in out.err + out.out
+
+
+@pytest.mark.slow
+def test_cpu_stack_end_to_end_through_the_host_commands(cpu_image: str, base_image: str, volumes: Volumes,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """What the README shows: `invoke train --stack cpu` (the stack's default recipe, no download), then
+    `invoke eval` of its adapter, with the run folders copied out to ./runs on the host."""
+    monkeypatch.setattr(images, "REPO", TEST_REPO)
+    monkeypatch.setattr(containers, "Volumes", lambda: volumes)
+    monkeypatch.setenv("RLSTACK_BASE_IMAGE", base_image)
+    monkeypatch.chdir(tmp_path)
+    assert images.plan(stacks.load_stack("cpu")).tag == cpu_image  # the real checkout's image: no rebuild
+    assert commands.train(stack="cpu", max_steps=2, adapter_name="e2e") == 0
+    run = tmp_path / "runs" / "train" / "e2e"
+    assert (run / "metrics.jsonl").is_file() and (run / "reward_curve.png").is_file()
+    out = capfd.readouterr().out
+    assert f"metrics:  {run / 'metrics.jsonl'}" in out
+    assert commands.eval_(stack="cpu", adapter="e2e", n=4, max_new_tokens=8) == 0
+    results = list((tmp_path / "runs" / "eval").glob("e2e-*/results.json"))
+    assert len(results) == 1 and json.loads(results[0].read_text())["n"] == 4
+    assert f"results:  {results[0]}" in capfd.readouterr().out
+    assert commands.adapters(stack="cpu", verify=True) == 0
+    assert commands.runs(stack="cpu") == 0
+    listed = capfd.readouterr().out.split()
+    assert "train/e2e" in listed and f"eval/{results[0].parent.name}" in listed
 
 
 def _wait_for(cmd: list[str], until: float, pred: object) -> str:
@@ -227,7 +271,7 @@ def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: 
 
     name = f"rlstack-test-kill-{uuid.uuid4().hex[:8]}"
     base = ["--adapter-name", "k1", "--set", "grpo.save_steps=2", "--set", "grpo.max_steps=6"]
-    spec = replace(containers.spec_for(cpu_stack, cpu_image, containers.train_argv("recipes/smoke-cpu.toml", (), base),
+    spec = replace(containers.spec_for(cpu_stack, cpu_image, ["train", "--recipe", "recipes/smoke-cpu.toml", *base],
                                        volumes=volumes, environ={}, cwd=Path("/nonexistent")), name=name)
     proc = subprocess.Popen(containers.run_command(spec, engine.client()), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -257,5 +301,6 @@ def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: 
     steps = [json.loads(line)["step"] for line in _run(cat).stdout.splitlines() if line.strip()]
     assert steps == [1, 2, 3, 4, 5, 6]
     check = replace(spec, name=None, argv=("adapters", "--json", "--verify"), adapters_read_only=True)
-    manifests = json.loads(_run(check).stdout)
-    assert [m["name"] for m in manifests] == ["k1"] and manifests[0]["metrics"]["steps"] == 6
+    entries = json.loads(_run(check).stdout)
+    assert [e["folder"] for e in entries] == ["k1"] and entries[0]["ok"]
+    assert entries[0]["manifest"]["metrics"]["steps"] == 6

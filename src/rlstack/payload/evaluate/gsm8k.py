@@ -20,17 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from rlstack import __version__
-from rlstack.core.errors import RlstackError
-from rlstack.payload import adapters, prompt, stats
-from rlstack.payload.extract import extract, format_fraction, reference_answer
+from rlstack.payload import adapters, prompt
+from rlstack.payload.evaluate.scoring import EvalError, score
 from rlstack.payload.recipes import ModelSpec, TinySpec
-from rlstack.payload.rewards import format_score
 
 VERSION_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "unsloth", "vllm", "bitsandbytes")
-
-
-class EvalError(RlstackError):
-    pass
 
 
 @dataclass
@@ -59,27 +53,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return out
-
-
-def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy, Wilson interval and how answers were found, from generation rows (re-extracting each)."""
-    n = len(rows)
-    if n == 0:
-        raise EvalError("no generations to score")
-    methods: dict[str, int] = {"marker": 0, "boxed": 0, "last_number": 0, "none": 0}
-    per_question: dict[str, bool] = {}
-    for r in rows:
-        ex = extract(r["generation"])
-        r["extracted"] = format_fraction(ex.value)
-        r["method"] = ex.method
-        r["correct"] = ex.value is not None and ex.value == reference_answer(r["reference"])
-        methods[ex.method or "none"] += 1
-        per_question[r["id"]] = r["correct"]
-    k = sum(per_question.values())
-    lo, hi = stats.wilson(k, n)
-    fmt = sum(format_score(r["generation"]) for r in rows) / n
-    return {"n": n, "correct": k, "accuracy": k / n, "wilson_95": [lo, hi], "answer_found_by": methods,
-            "format_reward_mean": fmt, "per_question": per_question}
 
 
 def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest | None, ModelSpec | None]:
@@ -227,64 +200,3 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
           f"[{result['wilson_95'][0]:.4f}, {result['wilson_95'][1]:.4f}] -> {out_dir / 'results.json'}",
           file=sys.stderr)
     return result
-
-
-def rescore(generations: Path, output: Path | None = None) -> dict[str, Any]:
-    """Re-extract and re-score a generations.jsonl with the current extractor (no model needed)."""
-    generations = Path(generations)
-    if not generations.is_file():
-        raise EvalError(f"{generations}: no such generations file")
-    rows = []
-    for lineno, line in enumerate(generations.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            _ = row["id"], row["generation"], row["reference"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise EvalError(f"{generations}:{lineno}: not a generation row ({exc})") from None
-        rows.append(row)
-    scored = score(rows)
-    prior_path = generations.with_name("results.json")
-    prior = json.loads(prior_path.read_text()) if prior_path.is_file() else {}
-    result = {**prior, **{k: v for k, v in scored.items()}, "rescored": datetime.now(UTC).isoformat(timespec="seconds"),
-              "rescored_with": __version__}
-    out = output or generations.with_name("results.rescored.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"rlstack rescore: accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}) -> {out}",
-          file=sys.stderr)
-    return result
-
-
-def compare(base_path: Path, tuned_path: Path, *, iters: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Paired comparison of two results.json on the questions both scored."""
-    def load(p: Path) -> dict[str, Any]:
-        try:
-            data = json.loads(Path(p).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise EvalError(f"{p}: cannot read results ({exc})") from None
-        if "per_question" not in data:
-            raise EvalError(f"{p}: no per_question outcomes (not written by rlstack eval?)")
-        return data
-
-    base, tuned = load(base_path), load(tuned_path)
-    bq, tq = base["per_question"], tuned["per_question"]
-    common = [q for q in bq if q in tq]
-    if not common:
-        raise EvalError("the two results share no questions", "evaluate both on the same data, split and -n")
-    only = len(bq) + len(tq) - 2 * len(common)
-    b = [bool(bq[q]) for q in common]
-    t = [bool(tq[q]) for q in common]
-    res = stats.paired(b, t, iters=iters, seed=seed)
-    out = {
-        "n": res.n, "base_correct": res.base_correct, "tuned_correct": res.tuned_correct,
-        "base_accuracy": res.base_correct / res.n, "tuned_accuracy": res.tuned_correct / res.n,
-        "delta_points": 100 * res.delta, "bootstrap_95_points": [100 * res.ci[0], 100 * res.ci[1]],
-        "discordant": {"base_only": res.base_only, "tuned_only": res.tuned_only},
-        "mcnemar_exact_p": res.p_value, "significant_at_0.05": res.p_value < 0.05,
-        "unpaired_questions": only,
-        "flips": {"fixed": [q for q in common if tq[q] and not bq[q]],
-                  "broken": [q for q in common if bq[q] and not tq[q]]},
-        "base": str(base_path), "tuned": str(tuned_path),
-    }
-    return out

@@ -158,7 +158,8 @@ def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str,
         model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"could not load model {target!r}: {str(exc)[:400]}",
-                             "offline? set HF_HUB_OFFLINE=1 with a filled HF cache, or use a local folder") from None
+                             "offline? set HF_HUB_OFFLINE=1 with a filled HF cache, or use a local folder; to try "
+                             "rlstack without a download: --recipe smoke-cpu (a tiny model built locally)") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, loader, "cuda" if on_gpu else "cpu"

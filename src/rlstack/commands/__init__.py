@@ -1,1 +1,0 @@
-"""Subcommands of the `rlstack` CLI, one module per feature."""

@@ -1,0 +1,216 @@
+"""The payload's commands: `rlstack train | eval | rescore | compare | adapters`, what runs inside a stack.
+
+Each is a typed function whose parameters declare their own flags (rlstack.core.options): the `rlstack`
+CLI is generated from them, and the host's `invoke train/eval/adapters` lend the same options and forward
+them into the stack's container, so a flag named in a hint exists wherever the user typed the command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from rlstack.core.options import Opt
+
+DEFAULT_RECIPE = "gsm8k-grpo"
+
+Recipe = Annotated[str | None, Opt("recipe file or name in recipes/ (train: gsm8k-grpo, or under invoke the stack's "
+                                   "default_recipe; eval: the adapter's own recipe)")]
+Overrides = Annotated[list[str] | None, Opt("override a recipe field, KEY=VALUE, e.g. grpo.max_steps=10 (repeatable)",
+                                     flag="--set", metavar="KEY=VALUE")]
+Data = Annotated[str | None, Opt("problems: gsm8k, generated:N or a JSONL file")]
+Model = Annotated[str | None, Opt("base model: a hub id, a local folder, or 'tiny' (the recipe's tiny model)")]
+AsJson = Annotated[bool, Opt("machine-readable output")]
+Output = Annotated[Path | None, Opt("output folder (default: under runs/)", in_container=True)]
+StoreRoot = Annotated[Path | None, Opt("adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
+                                       in_container=True)]
+
+
+def train(
+    recipe: Recipe = None,
+    overrides: Overrides = None,
+    data: Data = None,
+    model: Model = None,
+    max_steps: Annotated[int | None, Opt("GRPO steps (overrides grpo.max_steps)")] = None,
+    adapter_name: Annotated[str | None, Opt("adapter name in the store (default: <recipe>-<UTC time>)")] = None,
+    resume: Annotated[bool, Opt("continue the run from its last sealed checkpoint")] = False,
+    fp8: Annotated[bool, Opt("Unsloth's FP8 RL path: load_in_fp8 + vLLM rollouts (the fp8 stack)")] = False,
+    overwrite: Annotated[bool, Opt("replace an adapter of the same name")] = False,
+    output: Annotated[Path | None, Opt("run folder for metrics and checkpoints (default: runs/train/<name>)",
+                                       in_container=True)] = None,
+    adapters_root: StoreRoot = None,
+    json_: Annotated[bool, Opt("print the adapter's manifest as JSON at the end", flag="--json")] = False,
+) -> int:
+    """GRPO-train a LoRA adapter from a recipe (TRL; Unsloth where the stack has it); writes the adapter with
+    its manifest.json, per-step metrics and a reward-curve PNG."""
+    from rlstack.payload import recipes
+    from rlstack.payload.train import grpo
+
+    extra = list(overrides or [])
+    if data:
+        extra.append(f"data.train={json.dumps(data)}")
+    if model:
+        extra.append(f"model.name={json.dumps(model)}")
+    if max_steps is not None:
+        extra.append(f"grpo.max_steps={max_steps}")
+    spec = recipes.load(recipe or DEFAULT_RECIPE, extra)
+    res = grpo.run(spec, adapter_name=adapter_name, adapters_root=adapters_root, run_dir=output, resume=resume,
+                   fp8=fp8, overwrite=overwrite)
+    if json_:
+        print(res.manifest.model_dump_json(indent=2))
+    else:
+        from rlstack.core.paths import shown
+
+        print(f"adapter:  {shown(res.adapter_dir)}\nmetrics:  {shown(res.metrics_path)}\n"
+              f"curve:    {shown(res.curve_png) if res.curve_png else '-'}\nwall:     {res.wall_s:.1f}s")
+    return 0
+
+
+def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flags: Any) -> Any:
+    """Flags over the recipe's [eval] section (the given recipe, else the adapter's own), over defaults."""
+    from rlstack.payload import adapters, recipes
+    from rlstack.payload.evaluate.gsm8k import EvalConfig
+
+    data: dict[str, Any] = {}
+    if recipe:
+        data = recipes.load(recipe).model_dump(mode="json")
+    elif adapter:
+        data = adapters.read_manifest(adapters.find_adapter(adapter)).recipe
+    section = dict(data.get("eval") or {})
+    model = data.get("model") or {}
+    cfg = EvalConfig(load_in_4bit=bool(flags.get("load_in_4bit")) or bool(model.get("load_in_4bit")),
+                     load_in_fp8=bool(model.get("load_in_fp8")),
+                     chat_template_kwargs=dict((data.get("prompt") or {}).get("chat_template_kwargs") or {}),
+                     tiny=model.get("tiny"), adapter=adapter)
+    for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend"):
+        if key in section:
+            setattr(cfg, key, section[key])
+    for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output"):
+        if flags.get(key) is not None:
+            setattr(cfg, key, flags[key])
+    return cfg
+
+
+def eval_(
+    adapter: Annotated[str | None, Opt("adapter name in the store, or its folder; checked against its manifest "
+                                       "first")] = None,
+    model: Annotated[str | None, Opt("base model (default: the adapter's base_model)")] = None,
+    backend: Annotated[Literal["hf", "vllm"] | None, Opt("generation backend (default: the recipe's, else hf)")]
+    = None,
+    n: Annotated[int | None, Opt("number of questions, the first N in order (default 300)", flag="-n")] = None,
+    data: Data = None,
+    split: Annotated[str | None, Opt("dataset split (default: test)")] = None,
+    recipe: Recipe = None,
+    batch_size: Annotated[int | None, Opt("generation batch size (hf backend)")] = None,
+    max_new_tokens: Annotated[int | None, Opt("generation length limit")] = None,
+    seed: Annotated[int | None, Opt("seed (decoding is greedy; the seed fixes anything random)")] = None,
+    load_in_4bit: Annotated[bool, Opt("load the base in 4-bit (bitsandbytes, GPU)")] = False,
+    output: Output = None,
+    json_: Annotated[bool, Opt("print the results as JSON", flag="--json")] = False,
+) -> int:
+    """Evaluate a base model or an adapter on GSM8K-style problems: accuracy, format rate, every raw
+    generation saved for `rlstack rescore`."""
+    from rlstack.core.paths import shown
+    from rlstack.payload.evaluate import gsm8k
+
+    cfg = eval_config(recipe=recipe, adapter=adapter, model=model, backend=backend, n=n, data=data, split=split,
+                      batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, load_in_4bit=load_in_4bit,
+                      output=output)
+    result = gsm8k.run(cfg)
+    if json_:
+        print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=2))
+    else:
+        out = Path(result["output_dir"])
+        print(f"accuracy: {result['accuracy']:.4f} ({result['correct']}/{result['n']}), "
+              f"format reward {result['format_reward_mean']:.3f}\n"
+              f"results:  {shown(out / 'results.json')}\n"
+              f"raw:      {shown(out / 'generations.jsonl')}")
+    return 0
+
+
+def rescore(
+    generations: Annotated[Path, Opt("a generations.jsonl written by rlstack eval", positional=True)],
+    output: Annotated[Path | None, Opt("where to write (default: results.rescored.json beside it)")] = None,
+) -> int:
+    """Re-score saved generations with the current answer extractor (no model needed)."""
+    from rlstack.payload.evaluate import scoring
+
+    scoring.rescore(generations, output)
+    return 0
+
+
+def format_compare(c: dict[str, Any]) -> str:
+    lo, hi = c["bootstrap_95_points"]
+    verdict = "significant" if c["significant_at_0.05"] else "not significant"
+    lines = [
+        f"questions:      {c['n']} paired" + (f" ({c['unpaired_questions']} unpaired ignored)"
+                                              if c["unpaired_questions"] else ""),
+        f"base:           {c['base_accuracy']:.2%} ({c['base_correct']}/{c['n']})",
+        f"tuned:          {c['tuned_accuracy']:.2%} ({c['tuned_correct']}/{c['n']})",
+        f"delta:          {c['delta_points']:+.2f} pts, bootstrap 95% CI [{lo:+.2f}, {hi:+.2f}]",
+        f"discordant:     tuned fixed {c['discordant']['tuned_only']}, broke {c['discordant']['base_only']}",
+        f"McNemar exact:  p = {c['mcnemar_exact_p']:.4g} ({verdict} at 0.05)",
+    ]
+    for label, key in (("fixed:", "fixed"), ("broken:", "broken")):
+        ids = c["flips"][key]
+        if ids:
+            lines.append(f"{label:16}" + ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else ""))
+    return "\n".join(lines)
+
+
+def compare(
+    base: Annotated[Path, Opt("results.json of the base model (from rlstack eval)", positional=True)],
+    tuned: Annotated[Path, Opt("results.json of the tuned adapter, on the same questions", positional=True)],
+    iters: Annotated[int, Opt("bootstrap resamples")] = 10_000,
+    json_: Annotated[bool, Opt("machine-readable output", flag="--json")] = False,
+) -> int:
+    """Paired base-vs-tuned comparison: delta, exact McNemar p-value, bootstrap interval, per-question flips."""
+    from rlstack.payload.evaluate.compare import compare as paired
+
+    c = paired(base, tuned, iters=iters)
+    print(json.dumps(c, indent=2) if json_ else format_compare(c))
+    return 0
+
+
+def adapters(
+    root: StoreRoot = None,
+    verify: Annotated[bool, Opt("also check every file against the sha256 in its manifest")] = False,
+    json_: Annotated[bool, Opt("machine-readable output", flag="--json")] = False,
+) -> int:
+    """List the adapters in the store: name, base model, stack, lock, date, metrics, and whether each can be
+    used. Exits non-zero when any adapter is broken (all are checked either way)."""
+    from rlstack.core.paths import shown
+    from rlstack.core.tables import text_table
+    from rlstack.payload import adapters as store
+
+    root = root or store.default_root()
+    entries = store.scan(root, check_files=verify)
+    bad = [e for e in entries if not e.ok]
+    if json_:
+        print(json.dumps([{"folder": e.folder.name, "ok": e.ok, "problem": e.problem,
+                           "hashes_checked": e.hashes_checked,
+                           "manifest": e.manifest.model_dump(mode="json") if e.manifest else None}
+                          for e in entries], indent=2))
+    elif not entries:
+        print(f"no adapters under {shown(root)}", file=sys.stderr)
+    else:
+        rows = []
+        for e in entries:
+            m = e.manifest
+            metrics = (m.metrics if m else {}) or {}
+            shown_metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in list(metrics.items())[:3])
+            status = "ok, hashes checked" if e.hashes_checked else ("ok" if e.ok else f"BAD: {e.problem}")
+            rows.append([e.folder.name, m.base_model if m else "?", m.stack if m else "?",
+                         (m.lock_hash or "-")[:12] if m else "?", str(m.created)[:19] if m else "?",
+                         shown_metrics or "-", status])
+        print(text_table(["adapter", "base model", "stack", "lock", "created", "metrics", "status"], rows))
+        what = "every file's sha256 checked against its manifest" if verify else \
+            "manifests read; --verify also checks every file's sha256"
+        print(f"\n{len(entries)} adapter(s) under {shown(root)}, {len(bad)} bad ({what})", file=sys.stderr)
+    return store.IntegrityError.exit_code if bad else 0
+
+
+COMMANDS = [train, eval_, rescore, compare, adapters]
