@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The runtime probes of a stack, natively on a GPU host with no Docker and no network (the device machine),
-# from wheels staged by `rlstack native-stage` and carried in parts. Parts survive between calls in
+# from wheels staged by `invoke native-stage` and carried in parts. Parts survive between calls in
 # $STASH while the machine stays warm.
 #   bash bench/native_probe.sh stash STACK          copy the carried .stage/STACK/{part-*,parts.json} to $STASH/STACK
 #   bash bench/native_probe.sh run STACK            install the parts (once), run the runtime layer, report to $OUT

@@ -61,7 +61,7 @@ def main() -> None:
     data = {"date": "2026-12-02", "gpu": {"name": "NVIDIA H200 (sm_90), driver 580.159.04"}, "stacks": stacks}
     write_results("native_probe_sm90", data, table, ["stack", "probe", "status", "s", "wall", "env"],
                   notes="Runtime probes run natively on the device machine's Python 3.12 with each stack's locked "
-                        "wheels carried in (`rlstack native-stage`, `bench/native_probe.sh`).\n\n" + notes)
+                        "wheels carried in (`invoke native-stage`, `bench/native_probe.sh`).\n\n" + notes)
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ def test_native_cli_reports_errors_with_exit_code(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "rlstack.host.native", "verify", "--parts", str(tmp_path)], text=True,
                           capture_output=True)
     assert proc.returncode == native.NativeError.exit_code
-    assert "parts.json" in proc.stderr and "rlstack native-stage" in proc.stderr
+    assert "parts.json" in proc.stderr and "invoke native-stage" in proc.stderr
 
 
 # --- the environment a runtime report records ------------------------------------------------------------

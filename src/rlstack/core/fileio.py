@@ -35,3 +35,15 @@ def swap_in(new: Path, dest: Path) -> Path:
     os.replace(new, dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write a text file so that a reader (or an interrupted writer) sees the old content or the new, never a
+    half-written file: a temporary file in the same folder, then one rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import write_atomic
 from rlstack.host import runner, stacks
 from rlstack.host.stacks import Stack
 
@@ -113,9 +114,7 @@ STATIC_LAYERS = ["resolve", "contract", "toolchain"]
 
 
 def _write_report(report: Any, path: Path) -> Path:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(report.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, report.model_dump_json(indent=2))
     print(f"wrote {path}: {'FAILED probes' if report.failed else 'all probes pass or skip'}")
     return path
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlstack.core.errors import LockError, RlstackError
+from rlstack.core.fileio import write_atomic
 from rlstack.core.paths import project_root
 from rlstack.core.pkgnames import normalize
 from rlstack.core.tables import markdown_table
@@ -94,9 +95,7 @@ def render_readme(path: Path | None = None, sections: list[str] | None = None) -
     for name, gen in GENERATORS.items():
         if sections is None or name in sections:
             text = replace_section(text, name, gen())
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomic(path, text)
     return path
 
 
@@ -123,12 +122,14 @@ def publish_matrix(files: list[Path], path: Path | None = None, *, init: bool = 
         if init and not path.is_file():
             store.write(m, path)
             print(f"started {path} (no rows yet)")
-    print(f"wrote {render.write_page(m, path.parent)}")
+    page = path.parent / render.HTML_FILE
+    page.parent.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {write_atomic(page, render.render_html(m))}")
     if readme:
         readme_path = path.parent / "README.md"
         text = readme_path.read_text()
         new = replace_section(text, "compat-matrix", render.render_markdown(m))
         if new != text:
-            readme_path.write_text(new)
+            write_atomic(readme_path, new)
         print(f"wrote {readme_path}")
     return 0

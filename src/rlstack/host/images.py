@@ -234,7 +234,7 @@ def ensure_built(p: BuildPlan, *, force: bool = False) -> str:
         raise DockerError(
             f"docker build for stack '{p.stack.name}' failed (exit {proc.returncode}); the failing step is above",
             "an 'rlstack image check failed' line means stack.toml and the installed environment disagree; "
-            "a TLS error behind a proxy needs --ca-cert PATH (or RLSTACK_CA_CERT)",
+            "a TLS error behind a proxy needs the CA bundle: invoke settings --ca-cert PATH (or --ca-cert PATH)",
         )
     return p.tag
 

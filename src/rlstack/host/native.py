@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.core.errors import RlstackError  # these three are standard library only, like this module
-from rlstack.core.fileio import sha256_file
+from rlstack.core.fileio import sha256_file, swap_in
 from rlstack.core.pkgnames import normalize, public_version
 
 PARTS_FILE = "parts.json"
@@ -174,11 +173,7 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
                  "skip": {p.name: p.why for p in picks if p.action == "skip"}}
         tar_path.unlink()
         (work / PARTS_FILE).write_text(json.dumps(index, indent=1) + "\n")
-        old = out_dir.with_name(out_dir.name + ".old")
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(work, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return index
@@ -190,7 +185,7 @@ def verify_parts(parts_dir: Path) -> dict[str, Any]:
         index = json.loads((parts_dir / PARTS_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise NativeError(f"{parts_dir / PARTS_FILE}: unreadable ({exc})",
-                          "carry parts.json with the parts (rlstack native-stage writes it)") from None
+                          "carry parts.json with the parts (invoke native-stage writes it)") from None
     bad = []
     for part in index["parts"]:
         path = parts_dir / part["name"]

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import write_atomic
 from rlstack.core.paths import project_root
 
 CONFIG_FILE = "invoke.yaml"
@@ -115,8 +116,6 @@ def store(updates: dict[str, str | None], root: Path | None = None) -> Path:
         data[SECTION] = section
     else:
         data.pop(SECTION, None)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("# Machine settings for rlstack (invoke settings); not committed.\n" +
-                   yaml.safe_dump(data, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(path, "# Machine settings for rlstack (invoke settings); not committed.\n" +
+                 yaml.safe_dump(data, sort_keys=True))
     return path

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
-from rlstack.core.paths import project_root
 from rlstack.core.tables import markdown_table
 from rlstack.matrix.schema import Matrix, Row, sorted_rows
 
@@ -111,10 +109,3 @@ for its evidence. <b>measured</b> rows come from rlstack's probes; <b>reported</
 {chr(10).join(details)}
 </body></html>
 """
-
-
-def write_page(m: Matrix, root: Path | None = None) -> Path:
-    path = (root or project_root()) / HTML_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(m))
-    return path

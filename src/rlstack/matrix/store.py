@@ -10,13 +10,13 @@ dropped by name (`drop`).
 from __future__ import annotations
 
 import fcntl
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
+from rlstack.core.fileio import write_atomic
 from rlstack.core.paths import project_root
 from rlstack.matrix.schema import (
     MATRIX_FILE,
@@ -110,9 +110,7 @@ def drop_rows(rows: list[Row], specs: Iterable[str]) -> tuple[list[Row], list[Ro
 
 
 def write(m: Matrix, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(dump(m))
-    os.replace(tmp, path)
+    write_atomic(path, dump(m))
 
 
 def merge(files: Iterable[Path], path: Path | None = None, *, init: bool = False,

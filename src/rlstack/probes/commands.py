@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import write_atomic
 from rlstack.core.options import Opt
 
 FP8_QUESTION = "FP8 GRPO (Unsloth load_in_fp8 + vLLM rollouts, fp8 stack) on {arch}"
@@ -30,9 +31,7 @@ def _write_json(report: Any, path: Path | None) -> None:
     text = report.model_dump_json(indent=2)
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
+        write_atomic(path, text + "\n")
         print(f"wrote {path}", file=sys.stderr)
     else:
         print(text)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 
+from rlstack.core.fileio import write_atomic
 from rlstack.host import locks
 from rlstack.host.stacks import Stack
 from rlstack.probes.model import Evidence, ProbeResult
@@ -44,9 +44,7 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
     if not res.ok and OFFLINE.search(text) and "No solution found" not in text:
         return res.ok, text, cmd  # not an answer: do not cache it
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"ok": res.ok, "text": text, "command": cmd}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"ok": res.ok, "text": text, "command": cmd}))
     return res.ok, text, cmd
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from rlstack.core.fileio import write_atomic
 from rlstack.core.pkgnames import normalize, requirement_name
 from rlstack.host import locks
 from rlstack.host.stacks import Stack, load_stack
@@ -150,7 +151,6 @@ def _requirements(stack: Stack, cand: Candidate, toolkit_pin: str | None) -> lis
 def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> locks.Resolution:
     """lock.resolve, cached by its input (a search re-visits the same resolutions)."""
     import hashlib
-    import os
 
     key = hashlib.sha256(json.dumps([sorted(reqs), python, platform, hashes]).encode()).hexdigest()
     path = cache_path() / f"{key}.json"
@@ -159,9 +159,7 @@ def _resolve(reqs: list[str], python: str, platform: str, hashes: bool) -> locks
         return locks.Resolution(d["ok"], d["text"], d["command"])
     res = locks.resolve(reqs, python, platform, hashes=hashes)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"ok": res.ok, "text": res.text, "command": res.command}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"ok": res.ok, "text": res.text, "command": res.command}))
     return res
 
 

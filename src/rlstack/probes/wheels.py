@@ -27,7 +27,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion
 
 from rlstack.core.errors import RlstackError
-from rlstack.core.fileio import sha256_file
+from rlstack.core.fileio import sha256_file, write_atomic
 from rlstack.core.pkgnames import normalize
 from rlstack.host.locks import LockedPackage
 
@@ -132,9 +132,7 @@ class WheelCache:
         files = [{"filename": f["filename"], "url": f["url"], "sha256": f.get("hashes", {}).get("sha256", "")}
                  for f in data.get("files", [])]
         idx.parent.mkdir(parents=True, exist_ok=True)
-        tmp = idx.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(files))
-        os.replace(tmp, idx)
+        write_atomic(idx, json.dumps(files))
         return files
 
     def choose(self, pkg: LockedPackage, python: str, platform: str) -> dict[str, object]:

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlstack.core.fileio import write_atomic
+
 KEEP = ("loss", "reward", "reward_std", "kl", "entropy", "grad_norm", "learning_rate", "frac_reward_zero_std",
         "completions/mean_length", "completions/clipped_ratio", "num_tokens")
 
@@ -38,9 +40,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def truncate_after(path: Path, step: int) -> int:
     """Keep rows with step <= `step` (the checkpoint we resume from); return how many were kept."""
     rows = [r for r in read_rows(path) if r["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
 
 

@@ -1,0 +1,35 @@
+"""The one atomic write and folder swap every data file and run folder goes through."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rlstack.core import fileio
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "compat_matrix.yaml"
+    f.write_text("old rows\n")
+    fileio.write_atomic(f, "new rows\n")
+    assert f.read_text() == "new rows\n" and sorted(p.name for p in tmp_path.iterdir()) == [f.name]
+
+    def interrupted(src: object, dst: object) -> None:
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(OSError):
+        fileio.write_atomic(f, "half")
+    assert f.read_text() == "new rows\n" and sorted(p.name for p in tmp_path.iterdir()) == [f.name]
+
+
+def test_swap_in_replaces_a_folder_in_one_rename(tmp_path: Path) -> None:
+    dest, new = tmp_path / "run", tmp_path / ".run.staging"
+    dest.mkdir()
+    (dest / "metrics.jsonl").write_text("old")
+    new.mkdir()
+    (new / "metrics.jsonl").write_text("new")
+    fileio.swap_in(new, dest)
+    assert (dest / "metrics.jsonl").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
