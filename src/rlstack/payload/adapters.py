@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rlstack import __version__
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import fsync_path, sha256_file, swap_in
+from rlstack.core.paths import images_dir
 
 MANIFEST = "manifest.json"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -86,18 +87,14 @@ def _walk(folder: Path) -> list[str]:
 
 
 def resolve_lock_hash() -> str | None:
-    """$RLSTACK_LOCK_HASH (images set it), else the hash of the lock of $RLSTACK_STACK's stack (the cpu stack
-    for a native run: the lock a native CPU environment is checked against by `invoke smoke`), else None."""
+    """$RLSTACK_LOCK_HASH (images set it), else the sha256 of the lock of $RLSTACK_STACK's stack (the cpu stack
+    for a native run: the lock a native CPU environment is checked against by `invoke smoke`), else None. The
+    lock hash is the hash of the file's bytes (rlstack.host.locks.lock_hash), read here without the host side."""
     env = os.environ.get("RLSTACK_LOCK_HASH")
     if env:
         return env
-    stack_name = os.environ.get("RLSTACK_STACK", "cpu")
-    try:
-        from rlstack.host import locks, stacks
-
-        return locks.lock_hash(stacks.load_stack(stack_name))
-    except Exception:  # no images/ tree here, or no lock: the manifest then says null, not a guess
-        return None
+    lock = images_dir() / os.environ.get("RLSTACK_STACK", "cpu") / "requirements.lock"
+    return sha256_file(lock) if lock.is_file() else None  # no images/ tree here: null, not a guess
 
 
 def resolve_stack_name() -> str:
