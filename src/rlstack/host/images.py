@@ -126,11 +126,6 @@ class BuildPlan:
     cache: str | None = None  # 'gha': BuildKit cache in GitHub Actions (needs buildx)
 
 
-def default_base_image(stack: Stack) -> str:
-    """The base image when no --base-image is given: the machine's setting, else stack.toml's."""
-    return settings.base_image(stack.base_image)
-
-
 def plan(
     stack: Stack, *, base_image: str | None = None, ca_cert: Path | str | None = None, no_cache: bool = False,
     root: Path | None = None, git_rev: str | None = None, created: str | None = None, repo: str | None = None,
@@ -139,7 +134,7 @@ def plan(
     """Everything a build needs; `repo` names the image repository (tests use their own, so they never
     move a user's rlstack/<stack>:latest)."""
     base = root or project_root()
-    image = base_image or default_base_image(stack)
+    image = base_image or settings.base_image(stack.base_image)  # the machine's setting, else stack.toml's
     if cache not in (None, "", "gha"):
         raise RlstackError(f"unknown build cache {cache!r}", "the only remote cache is 'gha' (GitHub Actions)")
     if cache and not buildx:

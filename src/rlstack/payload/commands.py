@@ -22,7 +22,7 @@ Overrides = Annotated[list[str] | None, Opt("override a recipe field, KEY=VALUE,
                                      flag="--set", metavar="KEY=VALUE")]
 Data = Annotated[str | None, Opt("problems: gsm8k, generated:N or a JSONL file")]
 Model = Annotated[str | None, Opt("base model: a hub id, a local folder, or 'tiny' (the recipe's tiny model)")]
-AsJson = Annotated[bool, Opt("machine-readable output")]
+AsJson = Annotated[bool, Opt("machine-readable output", flag="--json")]
 Output = Annotated[Path | None, Opt("output folder (default: under runs/)", in_container=True)]
 StoreRoot = Annotated[Path | None, Opt("adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
                                        in_container=True)]
@@ -164,7 +164,7 @@ def compare(
     base: Annotated[Path, Opt("results.json of the base model (from rlstack eval)", positional=True)],
     tuned: Annotated[Path, Opt("results.json of the tuned adapter, on the same questions", positional=True)],
     iters: Annotated[int, Opt("bootstrap resamples")] = 10_000,
-    json_: Annotated[bool, Opt("machine-readable output", flag="--json")] = False,
+    json_: AsJson = False,
 ) -> int:
     """Paired base-vs-tuned comparison: delta, exact McNemar p-value, bootstrap interval, per-question flips."""
     from rlstack.payload.evaluate.compare import compare as paired
@@ -177,7 +177,7 @@ def compare(
 def adapters(
     root: StoreRoot = None,
     verify: Annotated[bool, Opt("also check every file against the sha256 in its manifest")] = False,
-    json_: Annotated[bool, Opt("machine-readable output", flag="--json")] = False,
+    json_: AsJson = False,
 ) -> int:
     """List the adapters in the store: name, base model, stack, lock, date, metrics, and whether each can be
     used. Exits non-zero when any adapter is broken (all are checked either way)."""
