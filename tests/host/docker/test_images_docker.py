@@ -251,10 +251,12 @@ def test_cpu_stack_end_to_end_through_the_host_commands(cpu_image: str, base_ima
     assert "train/e2e" in listed and f"eval/{results[0].parent.name}" in listed
 
 
-def _wait_for(cmd: list[str], until: float, pred: object) -> str:
+def _wait_for(cmd: list[str], until: float, pred: object, alive: subprocess.Popen[str] | None = None) -> str:
     import time
 
     while time.monotonic() < until:
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the container exited ({alive.returncode}) before {' '.join(cmd)} saw it")
         out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
         if pred(out):  # type: ignore[operator]
             return out
@@ -264,7 +266,7 @@ def _wait_for(cmd: list[str], until: float, pred: object) -> str:
 
 @pytest.mark.slow
 def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: stacks.Stack,
-                                                     volumes: Volumes) -> None:
+                                                     volumes: Volumes, tmp_path: Path) -> None:
     """SIGTERM then SIGKILL a training container after its first checkpoint; --resume in a new container
     continues with one metrics row per step, and no adapter is visible before the run completes."""
     import time
@@ -273,11 +275,17 @@ def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: 
     base = ["--adapter-name", "k1", "--set", "grpo.save_steps=2", "--set", "grpo.max_steps=6"]
     spec = replace(containers.spec_for(cpu_stack, cpu_image, ["train", "--recipe", "recipes/smoke-cpu.toml", *base],
                                        volumes=volumes, environ={}, cwd=Path("/nonexistent")), name=name)
-    proc = subprocess.Popen(containers.run_command(spec, engine.client()), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # the container's output goes to a file: an unread pipe fills up and stalls the training it watches
+    log = tmp_path / "train.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(containers.run_command(spec, engine.client()), stdout=fh, stderr=subprocess.STDOUT,
+                                text=True)
     try:
-        _wait_for([engine.client(), "exec", name, "ls", "/opt/rlstack/runs/train/k1/checkpoints"],
-                  time.monotonic() + 600, lambda out: "checkpoint-2" in out)
+        try:
+            _wait_for([engine.client(), "exec", name, "ls", "/opt/rlstack/runs/train/k1/checkpoints"],
+                      time.monotonic() + 600, lambda out: "checkpoint-2" in out, alive=proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- training log ---\n{log.read_text()[-3000:]}") from None
         _docker("kill", "--signal", "TERM", name, check=False)
         try:
             proc.wait(timeout=5)
