@@ -5,9 +5,11 @@
 #   bash bench/native_probe.sh stash STACK          copy the carried .stage/STACK/{part-*,parts.json} to $STASH/STACK
 #   bash bench/native_probe.sh run STACK            install the parts (once), run the runtime layer, report to $OUT
 #   bash bench/native_probe.sh one STACK PROBE      one probe body alone (env passes through: controls, diagnosis)
+#   bash bench/native_probe.sh py STACK ARGS...     python3 ARGS with the stack's wheels first on the path
+#                                                   (e.g. bench/gpu_stacks.py train --stack STACK)
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
 set -u
-cmd=${1:?stash, run or one}; stack=${2:?stack}; shift 2
+cmd=${1:?stash, run, one or py}; stack=${2:?stack}; shift 2
 STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-$stack; LOGS=/tmp/probe-logs-$stack
 mkdir -p "$STASH/$stack" "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RLSTACK_PROBE_LOGDIR=$LOGS
@@ -44,5 +46,9 @@ case "$cmd" in
     grep -a RLSTACK-PROBE-RESULT "$LOGS/one-$probe.log" | tail -1 | cut -c1-700
     grep -aE "Error|error:|Traceback" "$LOGS/one-$probe.log" "$LOGS"/*train*.log 2>/dev/null | tail -8 | cut -c1-400
     pack_logs ;;
+  py)
+    install
+    export PYTHONPATH=$SITE:$PWD/src
+    python3 "$@" ;;
   *) echo "unknown: $cmd" >&2; exit 2 ;;
 esac

@@ -23,6 +23,12 @@ REPORT_LINES = {
                          "capabilities: [[gpu]].",
     "torch-arch-unsupported": "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the "
                               "current PyTorch installation.",
+    "trl-vllm-guided-decoding-params": "ImportError: cannot import name 'GuidedDecodingParams' from "
+                                       "'vllm.sampling_params' (/opt/venv/lib/python3.12/site-packages/vllm/"
+                                       "sampling_params.py)",
+    "hf-generate-unused-token-type-ids": "ValueError: The following `model_kwargs` are not used by the model: "
+                                         "['token_type_ids'] (note: typos in the generate arguments will also "
+                                         "show up in this list)",
 }
 
 
@@ -68,3 +74,22 @@ def test_diagnose_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     log.write_text("all fine\n")
     assert main(["diagnose", str(log)]) == 0
     assert main(["diagnose", str(tmp_path / "missing.log")]) == 2
+
+
+@pytest.mark.parametrize("wall", ["trl-vllm-guided-decoding-params", "hf-generate-unused-token-type-ids"])
+def test_diagnose_names_the_gpu_stack_walls(wall: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 12's two GPU failures: `rlstack diagnose` on a crash log names each, with its fix."""
+    log = tmp_path / "crash.log"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                   + REPORT_LINES[wall] + "\n")
+    assert main(["diagnose", str(log)]) == 1
+    out = capsys.readouterr().out
+    assert f"[{wall}] line 3" in out and "fix:" in out
+
+
+def test_token_type_ids_wall_without_backticks_only_for_that_key() -> None:
+    """Some transformers releases print model_kwargs without backticks; another unused key is another wall."""
+    ids = [h.signature.id for h in signatures.diagnose(
+        "ValueError: The following model_kwargs are not used by the model: ['token_type_ids']")]
+    assert ids == ["hf-generate-unused-token-type-ids"]
+    assert signatures.diagnose("ValueError: The following `model_kwargs` are not used by the model: ['foo']") == []

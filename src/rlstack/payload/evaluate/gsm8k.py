@@ -14,6 +14,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +82,28 @@ def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest
     return base_id, base_id, adapter_dir, manifest, spec
 
 
+def generate_inputs(model: Any, encoding: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a tokenizer's encoding that `model.generate` accepts.
+
+    Tokenizers may return more than the model takes: under transformers 4.57.6 the tokenizer returned
+    token_type_ids on a GPU eval, and generate() rejects them for Qwen3/Llama with "ValueError: The
+    following `model_kwargs` are not used by the model: ['token_type_ids']" (signature
+    hf-generate-unused-token-type-ids). generate() checks keys against the parameter *names* of forward(), so
+    we keep input_ids, attention_mask and whatever else forward() names explicitly (a model that does use
+    token_type_ids still gets them). A PEFT model's own forward() is a generic wrapper, so we read the base's.
+    """
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    keep = {"input_ids", "attention_mask"}
+    try:
+        params = list(inspect.signature(inner.forward).parameters.values())
+    except (AttributeError, TypeError, ValueError):  # no inspectable forward: the two inputs every LM takes
+        params = []
+    keep |= {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {k: v for k, v in encoding.items() if k in keep}
+
+
 def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questions: list[str]) -> tuple[
         list[str], list[int], dict[str, float], str]:
     import torch
@@ -107,8 +130,8 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         with torch.inference_mode():
             # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows one).
-            out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
+            out = model.generate(**generate_inputs(model, enc), max_new_tokens=cfg.max_new_tokens,
+                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
         for row in new:
             ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]

@@ -148,9 +148,10 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
                                gradient_checkpointing=recipe.grpo.gradient_checkpointing)
     import torch
 
-    from rlstack.payload.train.compat import patch_trl_availability_flags
+    from rlstack.payload.train.compat import alias_guided_decoding_params, patch_trl_availability_flags
 
     patch_trl_availability_flags()
+    alias_guided_decoding_params()  # the transformers loader never imports unsloth, which sets the same alias
     from trl import GRPOTrainer
 
     from rlstack.payload import rewards

@@ -1,0 +1,294 @@
+"""The GPU stacks, proven through the real `rlstack` commands (issue 12): on a GPU host with a stack's locked wheels
+installed natively (`invoke native-stage`, `bench/native_probe.sh`), train the default recipe's shape on a
+Qwen3-4B-shaped model saved locally, verify the adapter, evaluate it, and hand adapters between stacks. Nothing
+here patches rlstack: every number comes from `python3 -m rlstack.cli ...` subprocesses and the files they write.
+
+Device side (PYTHONPATH=/tmp/site-STACK:src), each step writes $OUT/gpu_stacks/<stack>-<step>.json:
+    python3 bench/gpu_stacks.py model                               build the random Qwen3-4B-shaped model once
+    python3 bench/gpu_stacks.py train --stack portable [--steps 10] rlstack train (the stack's default path)
+    python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-portable --backend vllm
+Host side:
+    python bench/gpu_stacks.py summarize DIR...                     -> bench/results/gpu_stacks.json + .md
+
+Why a random model: no weights can be downloaded on the device machine; the shape fixes the cost of a step, not
+its rewards. Accuracy on random weights is ~0 and says nothing about learning; it is recorded to show the path ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+
+MODEL_DIR = Path(os.environ.get("RLSTACK_GPU_MODEL", "/tmp/rlstack-qwen3-4b-random"))
+ADAPTERS = Path("/tmp/rlstack-adapters")
+RUNS = Path("/tmp/rlstack-runs")
+EVALS = Path("/tmp/rlstack-evals")
+RECIPE = "gsm8k-grpo"
+# Evaluation questions: the same generated set in every stack, so the hand-off pairs question by question.
+EVAL_DATA = "generated:64"
+TRAIN_DATA = "generated:128"
+# The stacks whose default training path is Unsloth's FP8 RL (load_in_fp8 + fast_inference).
+FP8_STACKS = {"fp8", "fp8-report"}
+
+
+def out_dir() -> Path:
+    """Where each step's JSON goes ($OUT comes back from the device machine: at most 8 files a call)."""
+    d = Path(os.environ.get("OUT", "/tmp/out")) / "gpu_stacks"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def log_dir() -> Path:
+    """Full logs stay on the device machine (the JSON keeps their tails); pack them with tar when needed."""
+    d = Path(os.environ.get("RLSTACK_GPU_LOGS", "/tmp/rlstack-gpu-logs"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class GpuMemoryPoll:
+    """Peak device memory of the whole GPU (nvidia-smi, every 0.5 s) while a command runs: vLLM's pools, the
+    trainer and the CUDA context together, which torch's own counters do not see across processes."""
+
+    def __init__(self) -> None:
+        self.peak_mib = 0
+        self.base_mib = self._read()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> int:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return int(out.split()[0])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak_mib = max(self.peak_mib, self._read())
+
+    def __enter__(self) -> GpuMemoryPoll:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def run_cli(args: list[str], log: Path, timeout: int) -> dict[str, Any]:
+    """One `python3 -m rlstack.cli ...` run: exit code, wall time, GPU memory peak, log tail."""
+    cmd = [sys.executable, "-m", "rlstack.cli", *args]
+    print("$ " + " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    with GpuMemoryPoll() as mem, log.open("w") as fh:
+        try:
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    wall = round(time.perf_counter() - t0, 2)
+    text = log.read_text(errors="replace")
+    print(text[-3000:], flush=True)
+    return {"argv": ["rlstack", *args], "rc": rc, "wall_s": wall, "gpu_peak_gib": round(mem.peak_mib / 1024, 2),
+            "gpu_base_gib": round(mem.base_mib / 1024, 2), "log_tail": text[-2500:]}
+
+
+def environment(stack: str) -> dict[str, Any]:
+    """The stack's lock hash and how this Python departs from the lock (the probes' own record)."""
+    from rlstack.host.locks import lock_hash, locked_packages
+    from rlstack.host.stacks import load_stack
+    from rlstack.probes import environment as env
+
+    st = load_stack(stack)
+    captured = env.capture(st, locked_packages(st))
+    return {"stack": stack, "lock_hash": lock_hash(st), "environment": captured.model_dump(mode="json")}
+
+
+def cmd_model(_: argparse.Namespace) -> int:
+    if (MODEL_DIR / "config.json").exists():
+        print(f"model exists: {MODEL_DIR}")
+        return 0
+    t0 = time.perf_counter()
+    common.build_model().save_pretrained(MODEL_DIR)
+    common.build_tokenizer().save_pretrained(MODEL_DIR)
+    print(f"model saved: {MODEL_DIR} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    name = f"gpu-{a.stack}"
+    argv = ["train", "--recipe", RECIPE, "--model", str(MODEL_DIR), "--data", TRAIN_DATA, "--max-steps",
+            str(a.steps), "--adapter-name", name, "--adapters-root", str(ADAPTERS), "--output", str(RUNS / name),
+            "--overwrite", "--set", "grpo.save_steps=1000"]
+    for item in a.set or []:
+        argv += ["--set", item]
+    if a.stack in FP8_STACKS:
+        argv.append("--fp8")
+    run = run_cli(argv, log_dir() / f"{a.stack}-train.log", a.timeout)
+    rows = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+        if (RUNS / name / "metrics.jsonl").exists() else []
+    record: dict[str, Any] = {**common.header(), **environment(a.stack), "step": "train", "run": run,
+                              "metrics": rows, "adapter": name}
+    verify = run_cli(["adapters", "--root", str(ADAPTERS), "--verify", "--json"],
+                     log_dir() / f"{a.stack}-adapters.log", 120)
+    record["verify"] = {"rc": verify["rc"]}
+    manifest = ADAPTERS / name / "manifest.json"
+    if manifest.exists():
+        record["manifest"] = json.loads(manifest.read_text())
+    weights = ADAPTERS / name / "adapter_model.safetensors"
+    if weights.exists():
+        from rlstack.core.fileio import sha256_file
+
+        record["adapter_sha256"] = sha256_file(weights)
+    (out_dir() / f"{a.stack}-train.json").write_text(json.dumps(record, indent=2, default=str))
+    print(json.dumps({k: record.get(k) for k in ("adapter_sha256",)} | {"rc": run["rc"], "steps": len(rows)}))
+    return run["rc"]
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    tag = f"{a.stack}-{a.adapter}-{a.backend}"
+    out = EVALS / tag
+    argv = ["eval", "--adapter", str(ADAPTERS / a.adapter), "--backend", a.backend, "-n", str(a.n), "--data",
+            EVAL_DATA, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
+    run = run_cli(argv, log_dir() / f"{tag}-eval.log", a.timeout)
+    record: dict[str, Any] = {**common.header(), **environment(a.stack), "step": "eval", "tag": tag,
+                              "adapter": a.adapter, "backend": a.backend, "run": run}
+    if (out / "results.json").exists():
+        res = json.loads((out / "results.json").read_text())
+        record["results"] = {k: v for k, v in res.items() if k != "per_question"}
+    if (out / "generations.jsonl").exists():
+        # the raw generations travel back whole: the hand-off compares them text by text
+        (out_dir() / f"{tag}-generations.jsonl").write_text((out / "generations.jsonl").read_text())
+    (out_dir() / f"{tag}-eval.json").write_text(json.dumps(record, indent=2, default=str))
+    return run["rc"]
+
+
+# ---------------------------------------------------------------- host side
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def train_row(rec: dict[str, Any]) -> dict[str, Any]:
+    rows = rec.get("metrics") or []
+    times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
+    rollout = [r["completion_tokens_per_s"] for r in rows[1:] if r.get("completion_tokens_per_s") is not None]
+    env = rec.get("environment") or {}
+    man = rec.get("manifest") or {}
+    return {
+        "stack": rec["stack"], "lock_hash": rec["lock_hash"][:12], "gpu": (rec.get("gpu") or {}).get("name"),
+        "date": rec.get("date"), "loader": (man.get("metrics") or {}).get("loader"),
+        "environment": env.get("deviations"), "train_rc": rec["run"]["rc"], "steps": len(rows),
+        "first_step_s": times[0] if times else None,
+        # the first step pays compilation / CUDA graph capture / vLLM warmup: the median is over the rest
+        "s_per_step_median": _median(times[1:]) if len(times) > 1 else None,
+        "rollout_tokens_per_s": _median(rollout),
+        "train_wall_s": rec["run"]["wall_s"], "peak_gib": rec["run"]["gpu_peak_gib"],
+        "adapter_sha256": rec.get("adapter_sha256"), "adapter_verified": rec.get("verify", {}).get("rc") == 0,
+        "reward_first": rows[0].get("reward") if rows else None,
+        "reward_last": rows[-1].get("reward") if rows else None,
+    }
+
+
+def handoff(a: Path, b: Path) -> dict[str, Any]:
+    """How many of two evaluations' generations are the same text, question by question."""
+    def load(p: Path) -> dict[str, str]:
+        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return {str(r.get("id", i)): r.get("completion", r.get("generation", "")) for i, r in enumerate(rows)}
+
+    ga, gb = load(a), load(b)
+    common_ids = sorted(set(ga) & set(gb))
+    same = [i for i in common_ids if ga[i] == gb[i]]
+
+    def prefix(x: str, y: str) -> int:
+        n = 0
+        for cx, cy in zip(x.split(), y.split(), strict=False):
+            if cx != cy:
+                break
+            n += 1
+        return n
+
+    prefixes = [prefix(ga[i], gb[i]) for i in common_ids]
+    return {"a": a.name, "b": b.name, "paired": len(common_ids), "identical": len(same),
+            "median_common_prefix_words": _median([float(p) for p in prefixes]),
+            "first_divergence_words": prefixes[:16]}
+
+
+def cmd_summarize(a: argparse.Namespace) -> int:
+    records = []
+    for d in a.dirs:
+        for p in sorted(Path(d).rglob("*.json")):
+            if p.name.endswith(("-train.json", "-eval.json")):
+                records.append(json.loads(p.read_text()))
+    trains = {r["stack"]: r for r in records if r.get("step") == "train"}
+    evals = [r for r in records if r.get("step") == "eval"]
+    table = [train_row(r) for r in trains.values()]
+    for row in table:
+        for e in evals:
+            if e["stack"] == row["stack"] and e["adapter"] == f"gpu-{row['stack']}":
+                res = e.get("results") or {}
+                row["eval_backend"] = e["backend"]
+                row["eval_rc"] = e["run"]["rc"]
+                row["eval_accuracy"] = res.get("accuracy")
+                row["eval_n"] = res.get("n")
+    data: dict[str, Any] = {"date": common.now(), "recipe": RECIPE, "model": "Qwen3-4B shape, random bf16 weights",
+                            "train_data": TRAIN_DATA, "eval_data": EVAL_DATA, "evals": [
+                                {k: e.get(k) for k in ("stack", "adapter", "backend", "tag")}
+                                | {"rc": e["run"]["rc"], "wall_s": e["run"]["wall_s"],
+                                   "accuracy": (e.get("results") or {}).get("accuracy"),
+                                   "format_rate": (e.get("results") or {}).get("format_reward_mean"),
+                                   "gpu_peak_gib": e["run"]["gpu_peak_gib"]} for e in evals]}
+    t = {r["stack"]: r for r in table}
+    if t.get("fp8", {}).get("s_per_step_median") and t.get("portable", {}).get("s_per_step_median"):
+        data["fp8_vs_portable_step_time_ratio"] = round(
+            t["portable"]["s_per_step_median"] / t["fp8"]["s_per_step_median"], 3)
+    gens = {p.name.removesuffix("-generations.jsonl"): p for d in a.dirs for p in Path(d).rglob("*-generations.jsonl")}
+    hf, vl = gens.get("portable-gpu-portable-hf"), gens.get("fp8-gpu-portable-vllm")
+    if hf and vl:
+        data["handoff"] = handoff(hf, vl)
+    cols = ["stack", "lock_hash", "loader", "steps", "first_step_s", "s_per_step_median", "rollout_tokens_per_s",
+            "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
+    notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
+             "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
+             "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")
+    common.write_results("gpu_stacks", data, table, cols, notes)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("model")
+    t = sub.add_parser("train")
+    t.add_argument("--stack", required=True)
+    t.add_argument("--steps", type=int, default=10)
+    t.add_argument("--set", action="append", help="extra recipe override KEY=VALUE (recorded in the argv)")
+    t.add_argument("--timeout", type=int, default=540)
+    e = sub.add_parser("eval")
+    e.add_argument("--stack", required=True)
+    e.add_argument("--adapter", required=True)
+    e.add_argument("--backend", choices=["hf", "vllm"], required=True)
+    e.add_argument("-n", type=int, default=32)
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--timeout", type=int, default=400)
+    s = sub.add_parser("summarize")
+    s.add_argument("dirs", nargs="+")
+    a = ap.parse_args(argv)
+    return {"model": cmd_model, "train": cmd_train, "eval": cmd_eval, "summarize": cmd_summarize}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`rlstack eval --backend hf` gives generate() only what the model takes.
+
+Under transformers 4.57.6 the tokenizer returned token_type_ids and the whole encoding went to generate(), which
+died with "The following `model_kwargs` are not used by the model: ['token_type_ids']" on a GPU. These tests
+make the tiny local model's tokenizer return token_type_ids, as that one did, and run the real eval path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rlstack.payload.evaluate import gsm8k  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> tuple[Any, Any]:
+    from rlstack.payload import tiny
+    from rlstack.payload.recipes import TinySpec
+
+    return tiny.build(TinySpec(vocab_size=200, tokenizer_corpus=300))
+
+
+@pytest.fixture
+def tokenizer_with_type_ids(tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    tok = tiny_model[1]
+    monkeypatch.setattr(tok, "model_input_names", ["input_ids", "token_type_ids", "attention_mask"])
+    assert "token_type_ids" in tok(["so 5 + 3 ="], return_tensors="pt"), "the tokenizer must return them"
+    return tok
+
+
+def test_hf_eval_generates_without_token_type_ids(tiny_model: tuple[Any, Any], tokenizer_with_type_ids: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tok = tiny_model
+    from rlstack.payload.train import loading
+
+    monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
+    calls: list[dict[str, Any]] = []
+    real_generate = model.generate
+
+    def spy(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real_generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=2)
+    texts, lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, ["What is 2 + 3?", "What is 10 - 4?", "1+1?"])
+    assert len(texts) == 3 and len(lengths) == 3 and engine == "transformers@cpu"
+    assert len(calls) == 2
+    for kwargs in calls:
+        assert "token_type_ids" not in kwargs
+        assert {"input_ids", "attention_mask"} <= set(kwargs)
+        assert kwargs["attention_mask"].shape == kwargs["input_ids"].shape
+
+
+class _TypedForward:
+    """A model whose forward names token_type_ids (BERT-style): it must still receive them."""
+
+    def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
+                **kwargs: Any) -> None: ...
+
+
+class _PeftLike:
+    """A PEFT wrapper: its own forward is generic; the base model's signature is the one that counts."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def get_base_model(self) -> Any:
+        return self.base
+
+    def forward(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+ENC = {"input_ids": 1, "attention_mask": 2, "token_type_ids": 3, "pixel_values": 4}
+
+
+def test_generate_inputs_keeps_what_forward_names(tiny_model: tuple[Any, Any]) -> None:
+    assert gsm8k.generate_inputs(tiny_model[0], ENC) == {"input_ids": 1, "attention_mask": 2}
+    assert gsm8k.generate_inputs(_TypedForward(), ENC) == {"input_ids": 1, "attention_mask": 2, "token_type_ids": 3}
+
+
+def test_generate_inputs_looks_through_peft(tiny_model: tuple[Any, Any]) -> None:
+    assert gsm8k.generate_inputs(_PeftLike(_TypedForward()), ENC) == {"input_ids": 1, "attention_mask": 2,
+                                                                       "token_type_ids": 3}
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(tiny_model[0], peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    try:
+        assert gsm8k.generate_inputs(wrapped, ENC) == {"input_ids": 1, "attention_mask": 2}
+    finally:
+        wrapped.unload()  # the tiny model is shared by the module's tests
+
+
+def test_generate_inputs_without_inspectable_forward() -> None:
+    assert gsm8k.generate_inputs(object(), ENC) == {"input_ids": 1, "attention_mask": 2}
