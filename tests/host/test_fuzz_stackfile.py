@@ -43,7 +43,7 @@ def test_truncated_and_spliced_real_file(tmp_path: Path, cut: int, junk: str) ->
 
 @settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(
-    key=st.sampled_from(["python", "gpu_archs", "gpu_required", "max_image_gb", "base_image", "name"]),
+    key=st.sampled_from(["python", "gpu_archs", "gpu_required", "max_image_gb", "base_image", "name", "fp8_rl"]),
     value=st.one_of(st.integers(), st.text(max_size=10), st.booleans(), st.lists(st.text(max_size=5), max_size=3)),
 )
 def test_wrong_types(tmp_path: Path, key: str, value: object) -> None:

@@ -27,7 +27,7 @@ def tree(stack_tree: Path) -> Path:
 
 
 def test_build_args_come_from_stack_file_and_lock(tree: Path) -> None:
-    for name in ("cpu", "portable", "fp8"):
+    for name in ("cpu", "portable", "fp8", "fp8-report"):
         st = stacks.load_stack(name)
         args = images.build_args(st, "base:1", git_rev="abc")
         assert args["STACK"] == name

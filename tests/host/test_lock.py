@@ -21,12 +21,20 @@ def test_committed_locks_are_fresh_and_hashed() -> None:
         assert text.count("==") <= text.count("--hash=sha256:")
 
 
-def test_fp8_lock_has_the_reports_versions() -> None:
-    pins = locks.locked_versions(stacks.load_stack("fp8"))
+def test_fp8_report_lock_has_the_reports_versions() -> None:
+    pins = locks.locked_versions(stacks.load_stack("fp8-report"))
     assert pins["vllm"] == "0.21.0"
     assert pins["unsloth"] == "2026.3.11"  # what vllm 0.21 allows, as in the report
     assert pins["unsloth-zoo"] == "2026.6.1"
     assert pins["nvidia-cuda-nvcc-cu12"] == "12.8.61"
+
+
+def test_fp8_lock_keeps_vllm_and_torch_and_moves_the_rest() -> None:
+    """The working FP8 stack: the report's vLLM and torch, with the unsloth pair and nvcc that pass."""
+    pins = locks.locked_versions(stacks.load_stack("fp8"))
+    assert pins["vllm"] == "0.21.0" and pins["torch"] == "2.11.0"
+    assert pins["unsloth"] == "2026.7.5" and pins["unsloth-zoo"] == "2026.7.6"
+    assert pins["nvidia-cuda-nvcc"] == "13.0.88" and "nvidia-cuda-nvcc-cu12" not in pins
 
 
 def test_changed_pin_makes_lock_stale(stack_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,7 +53,7 @@ def test_changed_pin_makes_lock_stale(stack_tree: Path, capsys: pytest.CaptureFi
 
 def test_stack_toml_change_makes_lock_stale(stack_tree: Path) -> None:
     path = stack_tree / "images" / "fp8" / "stack.toml"
-    path.write_text(path.read_text().replace('version = "12.8.61"', 'version = "12.9.86"'))
+    path.write_text(path.read_text().replace('version = "13.0.88"', 'version = "13.0.48"'))
     with pytest.raises(StaleLockError, match="stack 'fp8'"):
         locks.check(stacks.load_stack("fp8"))
 

@@ -178,12 +178,12 @@ def test_fingerprint_follows_what_is_installed() -> None:
 
 
 def test_capture_in_image_and_native(monkeypatch: pytest.MonkeyPatch) -> None:
-    stack = load_stack("fp8")
+    stack = load_stack("fp8-report")  # its lock: numpy 2.3.5, nvcc 12.8.61 from nvidia-cuda-nvcc-cu12
     locked = parse_locked(stack.lock_file.read_text())
     installed = {n: p.version for n, p in locked.items()}
     monkeypatch.setattr(environment, "_torch_cuda", lambda version: "13.0")
     monkeypatch.setattr(environment, "_nvcc_on_path", lambda: "13.0.88")
-    monkeypatch.setenv("RLSTACK_STACK", "fp8")
+    monkeypatch.setenv("RLSTACK_STACK", "fp8-report")
     env = environment.capture(stack, locked, installed)
     if sys.version_info[:2] == (3, 11):
         assert env.lock_match and env.deviations == [] and env.where == "image"

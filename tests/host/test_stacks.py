@@ -10,23 +10,29 @@ from rlstack.host import stacks
 
 def test_all_real_stacks_load() -> None:
     loaded = {s.name: s for s in stacks.load_all()}
-    assert set(loaded) == {"cpu", "portable", "fp8"}
+    assert set(loaded) == {"cpu", "portable", "fp8", "fp8-report"}
     assert loaded["portable"].torch.version == "2.10.0"
-    assert loaded["fp8"].torch.version == "2.11.0"
-    assert loaded["fp8"].torch.cuda == "13.0"
+    for name in ("fp8", "fp8-report"):
+        assert loaded[name].torch.version == "2.11.0"
+        assert loaded[name].torch.cuda == "13.0"
+        assert "sm_120" in loaded[name].gpu_archs
     assert not loaded["cpu"].gpu_required
-    assert "sm_120" in loaded["fp8"].gpu_archs
+
+
+def test_fp8_rl_is_data_in_the_stack_file() -> None:
+    """Which stacks take Unsloth's FP8 RL path in the runtime probes is a stack.toml field, not a name."""
+    assert {s.name for s in stacks.load_all() if s.fp8_rl} == {"fp8", "fp8-report"}
 
 
 def test_unknown_stack_lists_valid_ones() -> None:
     with pytest.raises(UnknownStackError) as exc:
         stacks.load_stack("portabel")
-    assert "cpu, fp8, portable" in str(exc.value)
+    assert "cpu, fp8, fp8-report, portable" in str(exc.value)
 
 
 def test_resolve_names_validates_each() -> None:
     assert stacks.resolve_names("cpu,fp8") == ["cpu", "fp8"]
-    assert stacks.resolve_names(None) == ["cpu", "fp8", "portable"]
+    assert stacks.resolve_names(None) == ["cpu", "fp8", "fp8-report", "portable"]
     with pytest.raises(UnknownStackError):
         stacks.resolve_names("cpu,nope")
 
@@ -97,6 +103,6 @@ def test_torch_pin_belongs_to_stack_toml(stack_tree: Path) -> None:
 
 
 def test_derived_pins_come_from_stack_toml() -> None:
-    fp8 = stacks.load_stack("fp8")
-    assert fp8.derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc-cu12==12.8.61"]
+    assert stacks.load_stack("fp8").derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc==13.0.88"]
+    assert stacks.load_stack("fp8-report").derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc-cu12==12.8.61"]
     assert stacks.load_stack("cpu").derived_pins() == ["torch==2.10.0"]

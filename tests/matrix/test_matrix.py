@@ -33,8 +33,23 @@ def test_shipped_matrix_validates_and_has_reported_rows() -> None:
     reported = [r for r in m.rows if r.source == "reported"]
     assert reported and all(r.cite == "docs/report.md" for r in reported)
     assert (ROOT / "docs" / "report.md").is_file()  # the citation stays inside the repository
-    assert any(r.stack == "fp8" and r.gpu_arch == "sm_120" and any(p.status == "fail" for p in r.probes)
+    assert any(r.stack == "fp8-report" and r.gpu_arch == "sm_120" and any(p.status == "fail" for p in r.probes)
                for r in reported)
+
+
+def test_shipped_matrix_names_only_real_stacks() -> None:
+    """A renamed stack takes its rows with it (fp8's walled rows became fp8-report's when fp8 was fixed)."""
+    from rlstack.host import stacks
+
+    names = set(stacks.stack_names())
+    m = store.load(ROOT / "compat_matrix.yaml")
+    assert {r.stack for r in m.rows} <= names
+    for r in m.rows:  # probe ids that carry a stack's name carry this row's
+        for p in r.probes:
+            if p.id.startswith("resolve:coinstall:"):
+                assert p.id.endswith(f"+{r.stack}"), (r.stack, p.id)
+            elif p.id.startswith("resolve:"):
+                assert p.id == f"resolve:{r.stack}", (r.stack, p.id)
 
 
 @pytest.mark.parametrize(("text", "expect"), [

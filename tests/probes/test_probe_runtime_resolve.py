@@ -54,7 +54,7 @@ def test_coinstall_conflict_names_the_torch_pins(stack_tree: Path, monkeypatch: 
         return locks.Resolution(False, text, ["uv", "pip", "compile"])
 
     monkeypatch.setattr(locks, "resolve", fake_resolve)
-    res = resolve.probe_coinstall(load_stack("portable"), load_stack("fp8"))
+    res = resolve.probe_coinstall(load_stack("portable"), load_stack("fp8-report"))
     assert res.status == "fail" and res.signature == "torch-pin-conflict"
     assert "vllm==0.21.0" in res.reason and "torch==2.10.0" in res.reason and "torch==2.11.0" in res.reason
     # the base stack's torch pin is in, the other stack's own torch pin is left to its packages
@@ -131,3 +131,71 @@ def test_grpo_step_probe_takes_the_stack_unsloth_path(monkeypatch: pytest.Monkey
     assert "model.loader=unsloth" in sets and "model.tiny.tie_word_embeddings=false" in sets
     assert sets[-1] == "grpo.temperature=0.7"
     assert "align_completion_tool_mask" in (tmp_path / "grpo-step-train.log").read_text()
+
+
+def _fake_train(seen: list[list[str]], rc: int, out: str):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, rc, "", out)
+
+    return fake_run
+
+
+def _emitted(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    import json
+
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(runtime.MARK)][-1]
+    return dict(json.loads(line[len(runtime.MARK):]))
+
+
+def test_grpo_step_probe_trains_with_fp8_in_an_fp8_rl_stack(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """RLSTACK_PROBE_FP8=1 (a stack marked fp8_rl): the step goes through `rlstack train --fp8` (Unsloth
+    load_in_fp8 + fast_inference, vLLM rollouts), keeping the unsloth overrides; the reason names the loader
+    that ran, read from rlstack train's own progress line."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_FP8", "1")
+    monkeypatch.delenv("RLSTACK_PROBE_TRAIN_SET", raising=False)
+    said = "rlstack train: smoke-cpu: tiny-abc via unsloth-fp8 on cuda, 1 steps, 64 prompts -> /tmp/x\n"
+    monkeypatch.setattr(runtime.subprocess, "run", _fake_train(seen, 0, said))
+    runtime.body_grpo_step()
+    assert "--fp8" in seen[0]
+    sets = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "--set"]
+    assert "model.loader=unsloth" in sets and "model.tiny.tie_word_embeddings=false" in sets
+    got = _emitted(capsys)
+    assert got["status"] == "pass" and "unsloth-fp8" in str(got["reason"]) and "--fp8" in str(got["reason"])
+
+    # a run that says it loaded another way did not exercise the FP8 path
+    seen.clear()
+    monkeypatch.setattr(runtime.subprocess, "run", _fake_train(seen, 0, said.replace("unsloth-fp8", "unsloth")))
+    runtime.body_grpo_step()
+    got = _emitted(capsys)
+    assert got["status"] == "fail" and "not Unsloth's FP8 RL path" in str(got["reason"])
+
+    monkeypatch.setenv("RLSTACK_PROBE_FP8", "0")
+    seen.clear()
+    monkeypatch.setattr(runtime.subprocess, "run", _fake_train(seen, 0, said.replace("unsloth-fp8", "unsloth")))
+    runtime.body_grpo_step()
+    assert "--fp8" not in seen[0]
+    got = _emitted(capsys)
+    assert got["status"] == "pass" and "loader unsloth;" in str(got["reason"])
+
+
+def test_fp8_runtime_follows_the_stack_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """suite.run asks the runtime probes for the FP8 path exactly where stack.toml says fp8_rl = true."""
+    from rlstack.probes import environment, suite
+    from rlstack.probes.model import Environment
+
+    asked: dict[str, bool] = {}
+    monkeypatch.setattr(runtime, "gpu_facts", lambda: {})
+    monkeypatch.setattr(environment, "capture", lambda stack, locked: Environment(
+        where="native", python="3.11", lock_match=False, fingerprint="0" * 12))
+    for name in ("cpu", "portable", "fp8", "fp8-report"):
+        monkeypatch.setattr(runtime, "run_all", lambda fp8=False, only=None, name=name: asked.update({name: fp8})
+                            or [])
+        suite.run(name, layers=["runtime"])
+    assert asked == {"cpu": False, "portable": False, "fp8": True, "fp8-report": True}

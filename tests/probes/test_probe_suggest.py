@@ -31,7 +31,7 @@ def test_nearby_alternates_newer_and_older() -> None:
 
 
 def test_candidates_start_at_the_lock_and_grow_in_distance(stack_tree: Path, index: None) -> None:
-    cands = suggest.candidates(load_stack("fp8"))
+    cands = suggest.candidates(load_stack("fp8-report"))
     assert cands[0].distance == 0 and cands[0].pins == {"vllm": "0.21.0", "unsloth-zoo": "2026.6.1",
                                                         "unsloth": "2026.3.11"}
     assert [c.distance for c in cands] == sorted(c.distance for c in cands)
@@ -41,7 +41,7 @@ def test_candidates_start_at_the_lock_and_grow_in_distance(stack_tree: Path, ind
 
 
 def test_requirements_bound_the_resolvers_pick_below_by_the_lock(stack_tree: Path) -> None:
-    stack = load_stack("fp8")
+    stack = load_stack("fp8-report")
     cand = suggest.Candidate(pins={"vllm": None, "unsloth-zoo": "2026.7.1", "unsloth": "2026.3.11"}, distance=2)
     reqs = suggest._requirements(stack, cand, "nvidia-cuda-nvcc==13.0.48")
     assert "vllm>=0.21.0" in reqs and "unsloth-zoo==2026.7.1" in reqs and "nvidia-cuda-nvcc==13.0.48" in reqs
@@ -89,7 +89,7 @@ def test_vkey_orders_post_releases_as_pep440_does() -> None:
 
 def test_pinned_top_level_uses_requirement_names(stack_tree: Path) -> None:
     """Names come from packaging's parse (extras, markers, '_' vs '-'), not a split on operator characters."""
-    req = stack_tree / "images" / "fp8" / "requirements.in"
+    req = stack_tree / "images" / "fp8-report" / "requirements.in"
     line = "Unsloth_Zoo[extra] == 2026.6.1 ; python_version >= '3'"
     req.write_text(req.read_text().replace("unsloth_zoo==2026.6.1", line))
-    assert suggest._pinned_top_level(load_stack("fp8"))["unsloth-zoo"] == "2026.6.1"
+    assert suggest._pinned_top_level(load_stack("fp8-report"))["unsloth-zoo"] == "2026.6.1"

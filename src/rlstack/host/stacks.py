@@ -57,6 +57,8 @@ class Stack(_Strict):
     key_packages: list[str] = Field(default_factory=list, description="versions shown in tables and labels")
     max_image_gb: float = Field(gt=0, description="CI fails an image larger than this")
     ci_canary: bool = Field(False, description="its first GPU probe job runs alone before the rest")
+    fp8_rl: bool = Field(False, description="Unsloth's FP8 RL path: runtime probes load vLLM with quantization=fp8 "
+                                            "and the grpo-step probe trains with --fp8")
     default_recipe: str = Field("gsm8k-grpo", min_length=1,
                                 description="the recipe `invoke train --stack NAME` runs when none is given")
 

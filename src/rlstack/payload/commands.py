@@ -28,6 +28,20 @@ StoreRoot = Annotated[Path | None, Opt("adapter store (default: $RLSTACK_ADAPTER
                                        in_container=True)]
 
 
+def train_overrides(overrides: list[str] | None, data: str | None = None, model: str | None = None,
+                    max_steps: int | None = None) -> list[str]:
+    """The recipe overrides a `train` call means: its --set items, then the shorthand flags. The host reads the
+    same recipe through this (`invoke compose` needs its model for the vLLM server), so both see one recipe."""
+    extra = list(overrides or [])
+    if data:
+        extra.append(f"data.train={json.dumps(data)}")
+    if model:
+        extra.append(f"model.name={json.dumps(model)}")
+    if max_steps is not None:
+        extra.append(f"grpo.max_steps={max_steps}")
+    return extra
+
+
 def train(
     recipe: Recipe = None,
     overrides: Overrides = None,
@@ -48,16 +62,11 @@ def train(
     from rlstack.payload import recipes
     from rlstack.payload.train import grpo
 
-    extra = list(overrides or [])
-    if data:
-        extra.append(f"data.train={json.dumps(data)}")
-    if model:
-        extra.append(f"model.name={json.dumps(model)}")
-    if max_steps is not None:
-        extra.append(f"grpo.max_steps={max_steps}")
-    spec = recipes.load(recipe or DEFAULT_RECIPE, extra)
+    spec = recipes.load(recipe or DEFAULT_RECIPE, train_overrides(overrides, data, model, max_steps))
     res = grpo.run(spec, adapter_name=adapter_name, adapters_root=adapters_root, run_dir=output, resume=resume,
                    fp8=fp8, overwrite=overwrite)
+    if res.manifest is None:  # not rank 0 of a multi-process run: rank 0 wrote the adapter and reports it
+        return 0
     if json_:
         print(res.manifest.model_dump_json(indent=2))
     else:

@@ -84,8 +84,12 @@ class LoraSpec(_Strict):
     target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
 
 
+VllmMode = Literal["off", "server", "colocate"]
+
+
 class GrpoSpec(_Strict):
-    """The TRL GRPOConfig fields rlstack sets; use_vllm is always False on the portable path."""
+    """The TRL GRPOConfig fields rlstack sets. Rollouts come from the policy's own generate unless vllm_mode
+    says otherwise ('--fp8' runs vLLM inside Unsloth instead, and is not a vllm_mode)."""
 
     learning_rate: float = Field(default=5e-6, gt=0)
     max_steps: int = Field(default=150, gt=0)
@@ -113,6 +117,19 @@ class GrpoSpec(_Strict):
         description="on CUDA with the transformers loader: rollouts through rlstack.payload.fastgen (static KV cache, "
         "compiled decode step in a CUDA graph); off: TRL's own generate",
     )
+    # TRL's vLLM integration (GRPOConfig use_vllm + vllm_mode). Both modes need vllm in the trainer's own stack:
+    # trl 0.24's GRPOTrainer imports it and syncs weights through vLLM's NCCL communicator.
+    vllm_mode: VllmMode = Field(
+        default="off",
+        description="off: no vLLM; server: rollouts from a `trl vllm-serve` process on other GPUs (invoke train "
+        "--vllm-server STACK starts one); colocate: vLLM inside each training process, sharing its GPU")
+    vllm_server_host: str = Field(default="localhost", min_length=1,
+                                  description="server mode: host of the trl vllm-serve process")
+    vllm_server_port: int = Field(default=8000, gt=0, lt=65536, description="server mode: its HTTP port")
+    vllm_server_timeout: float = Field(
+        default=240.0, gt=0, description="server mode: seconds the trainer waits for the server's /health/")
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.3, gt=0, lt=1, description="colocate mode: the share of the GPU vLLM takes; training gets the rest")
 
     @model_validator(mode="after")
     def _batch(self) -> GrpoSpec:

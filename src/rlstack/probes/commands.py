@@ -1,5 +1,6 @@
 """The probe commands: `probe` and `diagnose` run anywhere (the runtime layer inside a stack, on its GPU);
-`probe-fp8` is the report's FP8 RL question, asked from the host. Options are declared here once
+`probe-fp8` is the report's FP8 RL question, asked from the host of both FP8 stacks: the report's combination
+(fp8-report, walls intact) and the working FP8 stack (fp8). Options are declared here once
 (rlstack.core.options) for both the `rlstack` CLI and invoke."""
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import write_atomic
 from rlstack.core.options import Opt
 
-FP8_QUESTION = "FP8 GRPO (Unsloth load_in_fp8 + vLLM rollouts, fp8 stack) on {arch}"
+# The two stacks `probe-fp8` compares, named here once: the report's FP8 RL combination with its walls intact
+# (the reference), and the FP8 RL stack that gets through them.
+FP8_REPORT_STACK = "fp8-report"
+FP8_STACK = "fp8"
+FP8_QUESTION = "FP8 GRPO (Unsloth load_in_fp8 + vLLM rollouts, {stack} stack) on {arch}"
+FP8_LAYERS = "resolve,contract,toolchain"
 
 Layers = Annotated[str | None, Opt("comma-separated layers: resolve,contract,toolchain,runtime (default: all)")]
 AsJson = Annotated[bool, Opt("print the report as JSON instead of the table", flag="--json")]
@@ -92,22 +98,91 @@ def _report(r: Any, question: str | None, *, json_: bool, output: Path | None) -
 
 def probe_fp8(
     gpu_arch: Annotated[str, Opt("target GPU arch (default sm_120, the report's RTX 5090)")] = "sm_120",
-    layer: Layers = None,
-    json_: AsJson = False,
-    output: Output = None,
+    layer: Annotated[str | None, Opt(f"comma-separated layers (default: {FP8_LAYERS}; runtime measures this "
+                                     "machine's Python, so GPU rows come from the stack's image: "
+                                     "invoke probe-job)")] = None,
+    json_: Annotated[bool, Opt("print both reports (and the matrix's runtime rows) as one JSON object",
+                               flag="--json")] = False,
+    output: Annotated[Path | None, Opt("also write each stack's JSON report into this folder "
+                                       "(probe-STACK-ARCH.json, for invoke matrix --results)", short="-o")] = None,
     fresh: Fresh = False,
-    suggest: Suggest = False,
+    suggest: Annotated[bool, Opt(f"search versions near {FP8_REPORT_STACK}'s lock for a combination that "
+                                 "passes the static probes")] = False,
     max_candidates: MaxCandidates = 12,
 ) -> int:
-    """The report's FP8 RL question end to end: every layer for the fp8 stack, then a verdict naming each wall
-    and its fix."""
+    """The report's FP8 RL question for both FP8 stacks: the report's combination (fp8-report) with each wall
+    and its fix, then the working fp8 stack's verdict; exits 0 when fp8 passes (fp8-report keeps its walls).
+
+    Both run the same layers on the same arch (default: the static ones, from the committed locks, no GPU);
+    fp8-report is also resolved together with the portable stack (the report's torch pin conflict). Each wall
+    of fp8-report is then looked up in fp8's results, and the runtime rows compat_matrix.yaml holds for
+    either stack are listed with whether their lock is still the stack's lock. The exit is non-zero when a
+    probe of fp8 fails, or when a runtime row measured at fp8's current lock has a failing probe."""
+    from rlstack.probes import report as rep
     from rlstack.probes import suite
 
-    r = suite.run("fp8", layers=_split(layer), gpu_arch=gpu_arch, with_stacks=["portable"], fresh=fresh)
-    rc = _report(r, FP8_QUESTION.format(arch=gpu_arch), json_=json_, output=output)
+    layers = _split(layer or FP8_LAYERS)
+    ref = suite.run(FP8_REPORT_STACK, layers=layers, gpu_arch=gpu_arch, with_stacks=["portable"], fresh=fresh)
+    new = suite.run(FP8_STACK, layers=layers, gpu_arch=gpu_arch, fresh=fresh)
+    runtime_rows = rep.matrix_runtime_rows([ref, new])
+    rc = 1 if new.failed or _runtime_failures(new.stack, runtime_rows) else 0
+    if output:
+        for r in (ref, new):
+            _write_json(r, output / f"probe-{r.stack}-{gpu_arch}.json")
+    if json_:
+        print(json.dumps({"gpu_arch": gpu_arch, "reference": FP8_REPORT_STACK, "stack": FP8_STACK,
+                          "reports": {r.stack: r.model_dump(mode="json") for r in (ref, new)},
+                          "matrix_runtime_rows": [r.model_dump(mode="json") for r in runtime_rows],
+                          "exit": rc}, indent=2))
+    else:
+        for title, r in ((f"{FP8_REPORT_STACK}: the report's combination, walls intact (the reference)", ref),
+                         (f"{FP8_STACK}: the working FP8 RL stack", new)):
+            print(f"== {title} ==")
+            print(rep.table(r))
+            print()
+            print(rep.verdict(r, FP8_QUESTION.format(stack=r.stack, arch=gpu_arch)))
+            print()
+        print(rep.walls_compared(ref, new))
+        print()
+        print(rep.render_runtime_rows(runtime_rows, [FP8_REPORT_STACK, FP8_STACK]))
+        print()
+        print(_fp8_answer(ref, new, gpu_arch, runtime_rows))
     if suggest:
-        _suggest("fp8", gpu_arch, max_candidates)
+        _suggest(FP8_REPORT_STACK, gpu_arch, max_candidates)
     return rc
+
+
+def _runtime_failures(stack: str, runtime_rows: list[Any]) -> list[Any]:
+    """Matrix rows of `stack` measured at its current lock in which a runtime probe failed."""
+    return [r for r in runtime_rows if r.stack == stack and r.lock_current and "fail" in r.runtime.values()]
+
+
+def _fp8_answer(ref: Any, new: Any, arch: str, runtime_rows: list[Any]) -> str:
+    """The last word of probe-fp8: the reference's walls in one line, the working stack's verdict in another."""
+    from rlstack.probes import report as rep
+
+    layers = ", ".join(new.layers)
+    found = [w for w, _ in rep.walls(ref.results)]
+    lines = [f"ANSWER ({arch}; {layers}):",
+             f"  {ref.stack}: " + (f"BLOCKED by {len(found)} wall(s): {', '.join(found)} (the report's combination)"
+                                   if found else "no wall found")]
+    current = [r for r in runtime_rows if r.stack == new.stack and r.lock_current]
+    gpu_fail = _runtime_failures(new.stack, runtime_rows)
+    if current:
+        states = [f"{r.gpu_arch or '-'} " + (f"FAIL ({', '.join(r.walls) or 'no wall named'})" if r in gpu_fail
+                                             else "no failure") for r in current]
+        gpu = f"runtime at this lock: {'; '.join(states)}"
+    else:
+        gpu = "no runtime row at this lock yet: not measured on a GPU"
+    if new.failed or gpu_fail:
+        bad = [w for w, _ in rep.walls(new.results)]
+        what = f"{len(new.failed)} probe(s) fail: {', '.join(bad)}" if new.failed else "a measured runtime row fails"
+        lines.append(f"  {new.stack}: FAILS, {what} ({gpu}) -> exit 1")
+    else:
+        skipped = sum(r.status == "skip" for r in new.results)
+        lines.append(f"  {new.stack}: no probe fails ({len(new.results) - skipped} pass, {skipped} skip; {gpu}) "
+                     "-> exit 0")
+    return "\n".join(lines)
 
 
 def diagnose(

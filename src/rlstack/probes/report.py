@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field
+
 from rlstack.core.tables import text_table
 from rlstack.probes import signatures
 from rlstack.probes.model import ProbeReport, ProbeResult
@@ -58,4 +60,86 @@ def verdict(report: ProbeReport, question: str) -> str:
         fix = results[0].fix or (sig.fix if sig else None)
         if fix:
             lines.append(f"   fix: {_short(fix, 400)}")
+    return "\n".join(lines)
+
+
+def counterpart(result_id: str, ref_stack: str, stack: str) -> str:
+    """The probe in `stack` that answers the question `result_id` asked of `ref_stack`: the same id, except a
+    co-install check with the reference (can its packages share one torch with another stack's?) is answered
+    by the other stack's own resolution."""
+    if result_id.startswith("resolve:coinstall:") and result_id.endswith(f"+{ref_stack}"):
+        return f"resolve:{stack}"
+    return result_id.replace(f"resolve:{ref_stack}", f"resolve:{stack}")
+
+
+def walls_compared(ref: ProbeReport, new: ProbeReport) -> str:
+    """Each wall of the reference report, and what the same probe says in the other stack."""
+    found = walls(ref.results)
+    if not found:
+        return f"{ref.stack} shows no wall on these layers, so there is nothing to compare with {new.stack}."
+    by_id = {r.id: r for r in new.results}
+    lines = [f"Each wall of {ref.stack}, checked again in {new.stack}:"]
+    for wall, results in found:
+        for r in results:
+            other_id = counterpart(r.id, ref.stack, new.stack)
+            other = by_id.get(other_id)
+            if other is None:
+                lines.append(f"  [{wall}] {r.id}: not probed in {new.stack}")
+                continue
+            lines.append(f"  [{wall}] {r.id} FAIL -> {new.stack} {other_id} {MARK[other.status]}: "
+                         f"{_short(other.reason, 150)}")
+    return "\n".join(lines)
+
+
+class RuntimeRow(BaseModel):
+    """A measured compat-matrix row in which runtime probes ran, as probe-fp8 summarises it."""
+
+    stack: str
+    gpu_arch: str | None
+    date: str
+    lock_hash: str | None
+    lock_current: bool = Field(description="the row measured the lock the stack has now")
+    env: str
+    runtime: dict[str, str] = Field(description="runtime probe -> pass/fail/skip")
+    walls: list[str]
+
+
+def matrix_runtime_rows(reports: list[ProbeReport]) -> list[RuntimeRow]:
+    """The measured rows of compat_matrix.yaml in which a runtime probe ran (not only skipped) for each
+    report's stack, with whether the row's lock is still the stack's lock (the report's). An unreadable
+    matrix gives no rows: this is a summary, the matrix has its own checks."""
+    from rlstack.matrix import store
+    from rlstack.matrix.render import env_label
+    from rlstack.matrix.schema import MatrixError
+
+    try:
+        rows = store.load().rows
+    except MatrixError:
+        return []
+    out: list[RuntimeRow] = []
+    for rep in reports:
+        for row in rows:
+            probes = [p for p in row.probes if p.id.startswith("runtime:")]
+            if row.stack != rep.stack or row.source != "measured" or all(p.status == "skip" for p in probes):
+                continue
+            out.append(RuntimeRow(
+                stack=row.stack, gpu_arch=row.gpu_arch, date=row.date, lock_hash=row.lock_hash,
+                lock_current=row.lock_hash == rep.lock_hash, env=env_label(row),
+                runtime={p.id.removeprefix("runtime:"): p.status for p in probes},
+                walls=sorted({p.wall for p in probes if p.status == "fail" and p.wall})))
+    return out
+
+
+def render_runtime_rows(rows: list[RuntimeRow], stacks: list[str]) -> str:
+    """One line per measured runtime row (matrix_runtime_rows), and a line for a stack that has none."""
+    lines = ["Runtime rows in compat_matrix.yaml (measured on a GPU):"]
+    for stack in stacks:
+        mine = [r for r in rows if r.stack == stack]
+        if not mine:
+            lines.append(f"  {stack}: none measured yet (invoke probe-job --stack {stack} on a GPU runner)")
+        for r in mine:
+            state = "= the stack's lock" if r.lock_current else "stale: the stack's lock has changed since"
+            counts = ", ".join(f"{sum(s == k for s in r.runtime.values())} {k}" for k in ("pass", "fail", "skip"))
+            lines.append(f"  {stack} {r.gpu_arch or '-'} {r.date[:10]} lock {(r.lock_hash or '-')[:12]} ({state}), "
+                         f"{r.env}: {counts}; walls: {', '.join(r.walls) or 'none'}")
     return "\n".join(lines)

@@ -81,4 +81,5 @@ def probe_coinstall(base: Stack, other: Stack, *, fresh: bool = False) -> ProbeR
                        evidence=[Evidence(text=cause or text, command=cmd)], signature="torch-pin-conflict"
                        if any(p.startswith("torch==") for p in pins) else "pin-conflict",
                        fix=f"keep {base.name} and {other.name} as separate images (one torch each); to train with "
-                           "vLLM rollouts, pick versions that agree on torch (invoke probe-fp8 --suggest)")
+                           "vLLM rollouts, pick versions that agree on torch, as the fp8 stack does (invoke probe-fp8 "
+                           "shows it)")

@@ -5,7 +5,8 @@ inside an image, or natively on a GPU host (`rlstack probe --stack X --layer run
 Probes: CUDA init, a bitsandbytes 4-bit matmul, an FP8 matmul (torch._scaled_mm), a vLLM engine start
 with enable_lora (its LoRA warmup runs at start; FP8 quantization when asked; unsloth_zoo's vLLM patches
 applied first when unsloth_zoo is installed, as unsloth's fast_inference does) and one GRPO step through
-`rlstack train`. Without a GPU, or without the package a probe needs, it is skipped with that reason.
+`rlstack train` (in a stack marked `fp8_rl`, `rlstack train --fp8`: Unsloth's load_in_fp8 + fast_inference,
+vLLM rollouts with LoRA). Without a GPU, or without the package a probe needs, it is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,11 +142,18 @@ def body_vllm_lora() -> None:
           text=out[0].outputs[0].text)
 
 
+LOADER_RE = re.compile(r"^rlstack train: .* via (\S+) on (\S+),", re.M)
+
+
 def body_grpo_step() -> None:
+    """One GRPO step through `rlstack train` on the tiny model: the stack's own training path. With
+    RLSTACK_PROBE_FP8=1 (a stack marked fp8_rl) that is `--fp8`: Unsloth load_in_fp8 + fast_inference, so the
+    rollouts go through vLLM with the LoRA adapter, as the report's FP8 RL run would."""
     _cuda()
     if not _have("rlstack.payload.train.grpo"):
         _emit("skip", "rlstack.payload.train is not in this installation")
         return
+    fp8 = os.environ.get("RLSTACK_PROBE_FP8") == "1"
     with tempfile.TemporaryDirectory(prefix="rlstack-probe-grpo-") as tmp:
         from rlstack.core.options import argv_for
         from rlstack.payload.commands import train
@@ -159,10 +168,13 @@ def body_grpo_step() -> None:
             overrides += ["model.loader=unsloth", "model.tiny.tie_word_embeddings=false", "model.tiny.hidden_size=256",
                           "model.tiny.intermediate_size=512", "model.tiny.num_attention_heads=4"]
             loader = "unsloth"
+        if fp8:
+            # rlstack train --fp8 loads through Unsloth whatever model.loader says (and says so when it cannot)
+            loader = "unsloth-fp8"
         # extra recipe overrides, ';'-separated: for chasing a failure on a GPU host without editing code
         overrides += [item.strip() for item in os.environ.get("RLSTACK_PROBE_TRAIN_SET", "").split(";") if item.strip()]
         cmd = [sys.executable, "-m", "rlstack.cli", *argv_for(train, {
-            "recipe": "smoke-cpu", "max_steps": 1, "adapter_name": "probe-grpo-step",
+            "recipe": "smoke-cpu", "max_steps": 1, "adapter_name": "probe-grpo-step", "fp8": fp8,
             "adapters_root": f"{tmp}/adapters", "output": f"{tmp}/run", "data": "generated:64",
             "overrides": overrides})]
         print("$ " + " ".join(cmd), flush=True)
@@ -170,10 +182,21 @@ def body_grpo_step() -> None:
         _keep_log("grpo-step-train", proc.stdout + proc.stderr)
         sys.stdout.write(proc.stdout[-6000:])
         sys.stdout.write(proc.stderr[-6000:])
+        flag = " --fp8" if fp8 else ""
         if proc.returncode != 0:
-            _emit("fail", f"rlstack train --max-steps 1 ({loader}) exited {proc.returncode}")
+            _emit("fail", f"rlstack train{flag} --max-steps 1 ({loader}) exited {proc.returncode}", loader=loader,
+                  fp8=fp8)
             return
-        _emit("pass", f"one GRPO step through rlstack train ({loader}; recipe smoke-cpu, max_steps=1)", loader=loader)
+        # the loader that ran, as rlstack train says it (its progress line), over the one asked for
+        said = LOADER_RE.search(proc.stdout + proc.stderr)
+        ran = said.group(1) if said else loader
+        if fp8 and ran != "unsloth-fp8":
+            _emit("fail", f"rlstack train --fp8 ran through {ran}, not Unsloth's FP8 RL path (unsloth-fp8)",
+                  loader=ran, fp8=fp8)
+            return
+        what = " (load_in_fp8 + fast_inference: vLLM rollouts with LoRA)" if fp8 else ""
+        _emit("pass", f"one GRPO step through rlstack train{flag} (loader {ran}{what}; recipe smoke-cpu, "
+              f"max_steps=1)", loader=ran, fp8=fp8)
 
 
 BODIES: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {

@@ -131,7 +131,7 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
                                f"({facts.get('gpu', 'unnamed')}): runtime results would be filed under the wrong arch",
                                "leave out --gpu-arch for a runtime run (the GPU present is what gets measured), "
                                "or check the runner's labels")
-        fp8 = fp8_runtime if fp8_runtime is not None else stack.name == "fp8"
+        fp8 = fp8_runtime if fp8_runtime is not None else stack.fp8_rl  # stack.toml: Unsloth's FP8 RL path
         unknown_probes = sorted(set(runtime_only or []) - set(runtime.BODIES))
         if unknown_probes:
             raise RlstackError(f"unknown runtime probe(s): {', '.join(unknown_probes)}",

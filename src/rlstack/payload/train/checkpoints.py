@@ -74,6 +74,10 @@ def make_seal_callback() -> Any:
 
     class SealCallback(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            # Under DDP every rank writes its own rng_state_<rank>.pth into the folder: seal after all have.
+            from rlstack.payload.train.ranks import barrier
+
+            barrier()
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_dir() and state.is_world_process_zero:
                 seal(ckpt)

@@ -19,13 +19,13 @@ from typing import Any
 from rlstack.core.errors import RlstackError
 from rlstack.payload import adapters, prompt
 from rlstack.payload.recipes import Recipe
-from rlstack.payload.train import checkpoints, metrics
+from rlstack.payload.train import checkpoints, metrics, ranks
 
 
 @dataclass
 class TrainResult:
     adapter_dir: Path
-    manifest: adapters.Manifest
+    manifest: adapters.Manifest | None  # None in the processes other than rank 0 of a multi-process run
     run_dir: Path
     metrics_path: Path
     curve_png: Path | None
@@ -62,15 +62,37 @@ def build_dataset(recipe: Recipe, tokenizer: Any, data: str | None) -> Any:
 
 
 def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name: str, on_gpu: bool = False) -> Any:
+    """TRL's GRPOConfig from the recipe. `use_vllm` is the --fp8 path (Unsloth runs vLLM in-process and picks
+    its own mode); grpo.vllm_mode turns on TRL's own vLLM integration, server or colocate."""
+    g = recipe.grpo
+    vllm: dict[str, Any] = {}
+    if g.vllm_mode != "off":
+        import importlib.util
+
+        if use_vllm:
+            raise RlstackError(f"grpo.vllm_mode = {g.vllm_mode!r} and --fp8 both ask for vLLM rollouts",
+                               "--fp8 runs vLLM inside Unsloth; for TRL's own vLLM drop --fp8, else set "
+                               "grpo.vllm_mode=off")
+        if importlib.util.find_spec("vllm") is None:
+            raise RlstackError(f"grpo.vllm_mode = {g.vllm_mode!r} needs vllm in this environment, and it has none "
+                               "(trl's GRPOTrainer imports it and syncs weights through it, in server mode too)",
+                               "train in a stack whose lock holds vllm (invoke stacks lists them), or set "
+                               "grpo.vllm_mode=off")
+        vllm["vllm_mode"] = g.vllm_mode
+        if g.vllm_mode == "server":
+            vllm.update(vllm_server_host=g.vllm_server_host, vllm_server_port=g.vllm_server_port,
+                        vllm_server_timeout=g.vllm_server_timeout)
+        else:
+            vllm["vllm_gpu_memory_utilization"] = g.vllm_gpu_memory_utilization
     from rlstack.payload.train.compat import patch_trl_availability_flags
 
     patch_trl_availability_flags()
     from trl import GRPOConfig
 
-    g = recipe.grpo
     return GRPOConfig(
         output_dir=str(output_dir),
-        use_vllm=use_vllm,
+        use_vllm=use_vllm or g.vllm_mode != "off",
+        **vllm,
         learning_rate=g.learning_rate,
         max_steps=g.max_steps,
         num_generations=g.num_generations,
@@ -124,6 +146,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
                                    "pass --adapter-name NAME of the interrupted run")
             name = run_dir.name
         else:
+            if name is None and ranks.world_size() > 1:  # each process would stamp its own time
+                raise RlstackError("a multi-process run needs one run name for every process",
+                                   "pass --adapter-name NAME")
             name = name or f"{recipe.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
             run_dir = runs_root() / name
     name = name or run_dir.name
@@ -139,7 +164,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         raise RlstackError(f"{run_dir} already holds a run", "use --resume to continue it, or another --adapter-name")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
-    (run_dir / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
+    main = ranks.is_main()  # only rank 0 writes run files and the adapter (train/ranks.py)
+    if main:
+        (run_dir / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
 
     # Load the model first: unsloth must be imported before trl/transformers patch-sensitive modules.
     from rlstack.payload.train.loading import load_for_training
@@ -173,9 +200,10 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step)
     if checkpoint is not None:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
-        kept = metrics.truncate_after(metrics_path, int(state["global_step"]))
-        print(f"rlstack train: resuming {run_dir.name} from {checkpoint.name} ({kept} metric rows kept)",
-              file=sys.stderr)
+        if main:
+            kept = metrics.truncate_after(metrics_path, int(state["global_step"]))
+            print(f"rlstack train: resuming {run_dir.name} from {checkpoint.name} ({kept} metric rows kept)",
+                  file=sys.stderr)
     torch.manual_seed(recipe.grpo.seed)
     from rlstack.payload.train.compat import ensure_warnings_issued
 
@@ -201,12 +229,15 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     trainer.remove_callback(PrinterCallback)  # our progress line replaces the raw log dicts
     print(f"rlstack train: {recipe.name}: {loaded.base_model} via {loaded.loader} on {loaded.device}, "
           f"{recipe.grpo.max_steps} steps, {len(dataset)} prompts -> {run_dir}", file=sys.stderr, flush=True)
-    checkpoints.quarantine_torn(run_dir / "checkpoints")
+    if main:
+        checkpoints.quarantine_torn(run_dir / "checkpoints")
     with checkpoints.disk_full_guard(
         run_dir, "training (writing a checkpoint or metrics)",
         "free disk space, then run the same command with --resume: it continues from the last sealed checkpoint",
     ):
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if not main:
+        return TrainResult(root / name, None, run_dir, metrics_path, None, time.perf_counter() - t0)
 
     rows = metrics.read_rows(metrics_path)
     png = metrics.plot_rewards(metrics_path, run_dir / "reward_curve.png", list(recipe.rewards),

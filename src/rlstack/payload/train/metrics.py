@@ -79,9 +79,9 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                 tokens = logs.get("num_tokens")
                 if tokens is not None and self.last_tokens is not None:
                     row["tokens_per_s"] = round((tokens - self.last_tokens) / self.step_time, 2)
-                if "completions/mean_length" in logs:
-                    row["completion_tokens_per_s"] = round(
-                        logs["completions/mean_length"] * completions_per_step / self.step_time, 2)
+                if "completions/mean_length" in logs:  # per process: every one of world_size made as many
+                    row["completion_tokens_per_s"] = round(logs["completions/mean_length"] * completions_per_step
+                                                           * getattr(args, "world_size", 1) / self.step_time, 2)
             self.last_tokens = logs.get("num_tokens")
             with path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
