@@ -197,7 +197,8 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         "s_per_step_median": _median(times[1:]) if len(times) > 1 else None,
         "rollout_tokens_per_s": _median(rollout),
         "train_wall_s": rec["run"]["wall_s"], "peak_gib": rec["run"]["gpu_peak_gib"],
-        "adapter_sha256": rec.get("adapter_sha256"), "adapter_verified": rec.get("verify", {}).get("rc") == 0,
+        "adapter_sha256": rec.get("adapter_sha256"),
+        "adapter_verified": bool(rec.get("adapter_sha256")) and rec.get("verify", {}).get("rc") == 0,
         "reward_first": rows[0].get("reward") if rows else None,
         "reward_last": rows[-1].get("reward") if rows else None,
     }
@@ -228,6 +229,8 @@ def handoff(a: Path, b: Path) -> dict[str, Any]:
 
 
 def cmd_summarize(a: argparse.Namespace) -> int:
+    """Merge the device steps' JSON into bench/results/gpu_stacks.{json,md}; --note says what a run's numbers
+    cannot (a failure's wall, what was not run)."""
     records = []
     for d in a.dirs:
         for p in sorted(Path(d).rglob("*.json")):
@@ -244,7 +247,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                 row["eval_rc"] = e["run"]["rc"]
                 row["eval_accuracy"] = res.get("accuracy")
                 row["eval_n"] = res.get("n")
-    data: dict[str, Any] = {"date": common.now(), "recipe": RECIPE, "model": "Qwen3-4B shape, random bf16 weights",
+    data: dict[str, Any] = {"date": common.now(), "gpu": next((r.get("gpu") for r in records if r.get("gpu")), {}),
+                            "recipe": RECIPE, "model": "Qwen3-4B shape, random bf16 weights",
                             "train_data": TRAIN_DATA, "eval_data": EVAL_DATA, "evals": [
                                 {k: e.get(k) for k in ("stack", "adapter", "backend", "tag")}
                                 | {"rc": e["run"]["rc"], "wall_s": e["run"]["wall_s"],
@@ -259,11 +263,14 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     hf, vl = gens.get("portable-gpu-portable-hf"), gens.get("fp8-gpu-portable-vllm")
     if hf and vl:
         data["handoff"] = handoff(hf, vl)
-    cols = ["stack", "lock_hash", "loader", "steps", "first_step_s", "s_per_step_median", "rollout_tokens_per_s",
-            "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
+    cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
+            "rollout_tokens_per_s", "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
              "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")
+    if a.note:
+        notes += "\n\n" + "\n\n".join(a.note)
+        data["notes"] = a.note
     common.write_results("gpu_stacks", data, table, cols, notes)
     return 0
 
@@ -286,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--timeout", type=int, default=400)
     s = sub.add_parser("summarize")
     s.add_argument("dirs", nargs="+")
+    s.add_argument("--note", action="append", help="a sentence for the results (repeatable)")
     a = ap.parse_args(argv)
     return {"model": cmd_model, "train": cmd_train, "eval": cmd_eval, "summarize": cmd_summarize}[a.cmd](a)
 

@@ -29,6 +29,11 @@ REPORT_LINES = {
     "hf-generate-unused-token-type-ids": "ValueError: The following `model_kwargs` are not used by the model: "
                                          "['token_type_ids'] (note: typos in the generate arguments will also "
                                          "show up in this list)",
+    # both seen on the H200 (2026-12-03) with unsloth 2026.7.5 + unsloth_zoo 2026.7.6 + torchao 0.18.0
+    "torchao-float8-inference-cast": "NotImplementedError: Float8Tensor dispatch: attempting to run unimplemented "
+                                     "operator/function: func=<OpOverload(op='aten.to', overload='device')>, "
+                                     "types=(<class 'torchao.quantization.Float8Tensor'>,)",
+    "inference-tensor-version-counter": "[rank0]: RuntimeError: Cannot set version_counter for inference tensor",
 }
 
 
