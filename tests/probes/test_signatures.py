@@ -34,6 +34,10 @@ REPORT_LINES = {
                                      "operator/function: func=<OpOverload(op='aten.to', overload='device')>, "
                                      "types=(<class 'torchao.quantization.Float8Tensor'>,)",
     "inference-tensor-version-counter": "[rank0]: RuntimeError: Cannot set version_counter for inference tensor",
+    # read in trl 0.24.0's trl/scripts/vllm_serve.py against vLLM 0.21.0 (the fp8 lock)
+    "trl-vllm-serve-get-open-port": "ImportError: cannot import name 'get_open_port' from 'vllm.utils' "
+                                    "(/usr/local/lib/python3.11/site-packages/vllm/utils/__init__.py)",
+    "trl-vllm-serve-sampling-kwargs": "TypeError: Unexpected keyword argument 'truncate_prompt_tokens'",
 }
 
 

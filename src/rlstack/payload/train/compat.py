@@ -34,6 +34,13 @@ export_mixed_precision() -- unsloth / unsloth_zoo (2026.6.x) + transformers 5.x.
     (signature unsloth-mixed-precision-env). We export it from the trainer's bf16/fp16 flags.
     Upstream: unsloth_zoo/rl_replacements.py:799 (unsloth-zoo 2026.6.1).
 
+rlstack.payload.serve (alias_get_open_port, the SamplingParams keywords, and the GuidedDecodingParams alias in
+the server's own processes) -- trl 0.24.0's `vllm-serve` script + vLLM 0.21.0. Symptoms: `cannot import name
+'get_open_port' from 'vllm.utils'` and `Unexpected keyword argument 'truncate_prompt_tokens'` on every
+/generate/ (signatures trl-vllm-serve-get-open-port, trl-vllm-serve-sampling-kwargs). They live in serve.py
+because they must run in the server's process and its spawned vLLM workers, before trl's script imports;
+serve.py's docstring has the line-by-line reading. Remove with a trl whose vllm-serve supports the locked vLLM.
+
 (Not a library shim, but the same kind of fix: rlstack.payload.evaluate.gsm8k.generate_inputs passes generate()
 only the encoding keys the model takes, for transformers 4.57.6 tokenizers that return token_type_ids:
 "ValueError: The following `model_kwargs` are not used by the model: ['token_type_ids']", signature
