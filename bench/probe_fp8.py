@@ -1,9 +1,10 @@
-"""How long `invoke probe-fp8` takes to answer the report's FP8 RL question, with the wheel cache cold
-(empty RLSTACK_CACHE: every locked wheel is downloaded and hash-verified, every resolution re-run) and warm
-(wheels, resolutions and torch's arch list cached). uv's own package cache is left as it is in both: it is
-the machine's, not rlstack's. Writes bench/results/probe_fp8.json and .md.
+"""How long `invoke probe-fp8` takes to answer the report's FP8 RL question for both FP8 stacks, and how many
+bytes it fetches: cold (an empty RLSTACK_CACHE: wheel members range-read from PyPI and checked against each
+wheel's RECORD, index listings fetched, co-install resolution re-run), warm (the same cache again), and a cold
+`--suggest` (the closest passing combination for fp8-report, verified by uv). uv's own package cache is left as
+it is in every run: it is the machine's, not rlstack's. Writes bench/results/probe_fp8.json and .md.
 
-    python bench/probe_fp8.py [--cold N] [--warm N]
+    python bench/probe_fp8.py [--cold N] [--warm N] [--suggest N]
 """
 
 from __future__ import annotations
@@ -22,28 +23,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+INVOKE = [sys.executable, "-m", "invoke"]
 
 
-def run_once(cache: Path) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "invoke", "probe-fp8", "--json"]
+def run_once(cache: Path, *extra: str) -> dict[str, object]:
+    cmd = [*INVOKE, "probe-fp8", "--json", *extra]
     env = {**os.environ, "RLSTACK_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
-    report = json.loads(proc.stdout)
-    walls = sorted({r["signature"] for r in report["results"] if r["status"] == "fail" and r["signature"]})
-    wheels = sum(1 for p in (cache / "wheels").glob("*.whl"))
-    size = sum(p.stat().st_size for p in (cache / "wheels").glob("*.whl"))
-    return {"wall_s": round(wall, 2), "exit": proc.returncode, "walls": walls, "wheels": wheels,
-            "wheel_mb": round(size / 1e6, 1)}
+    data = json.loads(proc.stdout)
+    ref = data["reports"]["fp8-report"]
+    walls = sorted({r["signature"] or r["id"] for r in ref["results"] if r["status"] == "fail"})
+    fp8_fail = sorted(r["id"] for r in data["reports"]["fp8"]["results"] if r["status"] == "fail")
+    out: dict[str, object] = {"wall_s": round(wall, 2), "exit": proc.returncode, "fp8_report_walls": walls,
+                              "fp8_failures": fp8_fail, "requests": data["traffic"]["requests"],
+                              "mb": round(data["traffic"]["bytes"] / 1e6, 1),
+                              "whole_wheels": data["traffic"]["whole_wheels"],
+                              "cache_mb": round(sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) / 1e6,
+                                                1)}
+    if "suggest" in data:
+        best = data["suggest"]["suggestions"][0] if data["suggest"]["suggestions"] else None
+        out["suggest_s"] = data["suggest"]["duration_s"]
+        out["rank1"] = {k: v for k, v in (best or {}).items() if k in ("passes", "kind", "changes",
+                                                                      "lock_lines_changed", "distance")}
+    return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--cold", type=int, default=2, help="cold runs (each with a fresh empty cache)")
     ap.add_argument("--warm", type=int, default=3, help="warm runs (reusing the last cold run's cache)")
+    ap.add_argument("--suggest", type=int, default=1, help="cold --suggest runs (each with a fresh empty cache)")
     args = ap.parse_args()
-    rows = []
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-probe-") as tmp:
         cache = Path(tmp) / "cache0"
         for i in range(args.cold):
@@ -53,21 +66,32 @@ def main() -> int:
         for _ in range(args.warm):
             rows.append({"run": "warm", **run_once(cache)})
             print(rows[-1], flush=True)
-    summary = {k: statistics.median([r["wall_s"] for r in rows if r["run"] == k]) for k in ("cold", "warm")
-               if any(r["run"] == k for r in rows)}
+        for i in range(args.suggest):
+            rows.append({"run": "cold --suggest", **run_once(Path(tmp) / f"suggest{i}", "--suggest")})
+            print(rows[-1], flush=True)
+    kinds = [k for k in ("cold", "warm", "cold --suggest") if any(r["run"] == k for r in rows)]
+    summary = {k: statistics.median([float(r["wall_s"]) for r in rows if r["run"] == k]) for k in kinds}  # type: ignore[arg-type]
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
-            "cpus": os.cpu_count(), "command": "invoke probe-fp8 --json", "median_s": summary, "runs": rows}
+            "cpus": os.cpu_count(), "command": "invoke probe-fp8 --json [--suggest]", "median_s": summary,
+            "targets_s": {"cold": 5, "warm": 1, "cold --suggest": 60}, "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "probe_fp8.json").write_text(json.dumps(data, indent=2) + "\n")
-    md = ["# probe_fp8", "", f"{data['date']} on {data['host']} ({data['cpus']} CPUs), no GPU: "
-          "`invoke probe-fp8` (all layers; runtime skips without a GPU).", "",
-          "Cold = empty RLSTACK_CACHE (locked wheels downloaded from PyPI and sha256-verified, resolutions re-run); "
-          "warm = the same cache again. uv's own cache is warm in both.", "",
-          "| run | wall s | exit | walls found | wheels | wheel MB |", "|---|---|---|---|---|---|"]
+    md = ["# probe_fp8", "", f"{data['date']} on {data['host']} ({data['cpus']} CPUs), no GPU: `invoke probe-fp8 "
+          "--json` (the static layers for fp8-report and fp8 on sm_120), and the same with `--suggest`.", "",
+          "Cold = empty RLSTACK_CACHE: wheel members range-read from PyPI (each checked against the wheel's RECORD), "
+          "index listings fetched, the co-install resolution re-run by uv; warm = the same cache again. uv's own "
+          "package cache is warm in every run. MB and requests: what rlstack fetched (index listings through urllib "
+          "are not counted); cache MB: what the run left in RLSTACK_CACHE.", "",
+          "| run | wall s | exit | MB fetched | requests | cache MB | fp8-report walls | fp8 failures |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['run']} | {r['wall_s']} | {r['exit']} | {', '.join(r['walls'])} | {r['wheels']} | "  # type: ignore[arg-type]
-                  f"{r['wheel_mb']} |")
-    md += ["", "Median: " + ", ".join(f"{k} {v:.1f} s" for k, v in summary.items())]
+        md.append(f"| {r['run']} | {r['wall_s']} | {r['exit']} | {r['mb']} | {r['requests']} | {r['cache_mb']} | "
+                  f"{', '.join(r['fp8_report_walls'])} | {', '.join(r['fp8_failures']) or '-'} |")  # type: ignore[arg-type]
+    md += ["", "Median: " + ", ".join(f"{k} {v:.1f} s (target {data['targets_s'][k]} s)"  # type: ignore[index]
+                                      for k, v in summary.items())]
+    for r in rows:
+        if "rank1" in r:
+            md += ["", f"`--suggest` rank 1 ({r['suggest_s']} s of the run): `{json.dumps(r['rank1'])}`"]
     (RESULTS / "probe_fp8.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

@@ -30,10 +30,11 @@ def test_fp8_report_lock_has_the_reports_versions() -> None:
 
 
 def test_fp8_lock_keeps_vllm_and_torch_and_moves_the_rest() -> None:
-    """The working FP8 stack: the report's vLLM and torch, with the unsloth pair and nvcc that pass."""
+    """The working FP8 stack: the report's vLLM and torch, with an unsloth pair from one release (the report's
+    third wall began as a split pair) past the torch<2.11 cap and the inference_mode cast, and nvcc 13."""
     pins = locks.locked_versions(stacks.load_stack("fp8"))
-    assert pins["vllm"] == "0.21.0" and pins["torch"] == "2.11.0"
-    assert pins["unsloth"] == "2026.7.5" and pins["unsloth-zoo"] == "2026.7.6"
+    assert pins["vllm"] == "0.21.0" and pins["torch"] == "2.11.0" and pins["trl"] == "0.24.0"
+    assert pins["unsloth"] == pins["unsloth-zoo"] == "2026.10.6"
     assert pins["nvidia-cuda-nvcc"] == "13.0.88" and "nvidia-cuda-nvcc-cu12" not in pins
 
 

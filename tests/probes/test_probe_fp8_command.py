@@ -130,6 +130,6 @@ def test_json_holds_both_reports_and_output_writes_each(fake_suite: FakeSuite, t
 
 def test_suggest_searches_from_the_reference(fake_suite: FakeSuite, monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
-    monkeypatch.setattr(commands, "_suggest", lambda stack, arch, bound: asked.append(stack) or 0)
+    monkeypatch.setattr(commands, "_suggest", lambda stack, arch, json_=False: asked.append(stack) or (0, None))
     assert commands.probe_fp8(suggest=True) == 0
     assert asked == ["fp8-report"]

@@ -15,7 +15,8 @@ from rlstack.probes import commands, suite
 pytestmark = pytest.mark.slow
 
 STATIC = ["resolve", "contract", "toolchain"]
-WALLS = {"torch-pin-conflict", "lora-warmup-rank", "grpo-align-completion-tool-mask", "flashinfer-sm12x-cuda"}
+WALLS = {"torch-pin-conflict", "lora-warmup-rank", "grpo-align-completion-tool-mask", "flashinfer-sm12x-cuda",
+         "cuda-toolkit-major-mismatch"}
 
 
 def test_probe_fp8_report_finds_every_wall_from_the_locks() -> None:
@@ -57,3 +58,21 @@ def test_portable_static_probes_pass() -> None:
     r = suite.run("portable", layers=STATIC, gpu_arch="sm_120")
     assert not r.failed, [(x.id, x.reason) for x in r.failed]
     assert {x.id: x.status for x in r.results}["contract:unsloth-grpo-loss-namespace"] == "pass"
+
+
+def test_discovery_alone_finds_the_reports_contract_walls() -> None:
+    """No case data: the LoRA-warmup replacement and the align_completion_tool_mask paste are found in the
+    wheels' sources by discovery, and named by the log signatures."""
+    r = suite.run("fp8-report", layers=["contract"], gpu_arch="sm_120", discovered_only=True)
+    assert not [x for x in r.results if x.id.startswith("contract:")]
+    walls = {x.signature for x in r.failed}
+    assert {"lora-warmup-rank", "grpo-align-completion-tool-mask"} <= walls
+    lora = next(x for x in r.failed if x.signature == "lora-warmup-rank")
+    assert ("vllm/v1/worker/lora_model_runner_mixin.py", 107) in {(e.file, e.line) for e in lora.evidence}
+
+
+def test_discovery_on_portable_finds_nothing_unexplained() -> None:
+    r = suite.run("portable", layers=["contract"], gpu_arch="sm_120", discovered_only=True)
+    assert r.exit_code == 0, [(x.id, x.reason) for x in r.failed]
+    summary = next(x for x in r.results if x.id == "discovered:summary")
+    assert "contracts checked" in summary.reason

@@ -71,6 +71,13 @@ def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest
 
     monkeypatch.setattr(locks, "resolve", fake_resolve)
     cpu = load_stack("cpu")
+    # a lock made from exactly these inputs is uv's answer already
+    if resolve.lock_is_fresh(cpu):
+        assert resolve.probe_stack(cpu).status == "pass" and not calls
+    req = stack_tree / "images" / "cpu" / "requirements.in"
+    req.write_text(req.read_text() + "tqdm\n")  # the lock is stale now: uv is asked, once per input
+    cpu = load_stack("cpu")
+    assert not resolve.lock_is_fresh(cpu)
     assert resolve.probe_stack(cpu).status == "pass"
     assert resolve.probe_stack(cpu).status == "pass"
     assert len(calls) == 1
@@ -82,7 +89,7 @@ def test_unreachable_index_is_a_skip_not_a_conflict(stack_tree: Path, monkeypatc
     monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
     monkeypatch.setattr(locks, "resolve", lambda *a, **k: locks.Resolution(
         False, "error: Failed to fetch: `https://pypi.org/simple/trl/`\n  Caused by: dns error", ["uv"]))
-    res = resolve.probe_stack(load_stack("cpu"))
+    res = resolve.probe_stack(load_stack("cpu"), fresh=True)
     assert res.status == "skip" and "could not be reached" in res.reason
     assert not list((stack_tree / "cache").rglob("*.json"))  # not cached
 

@@ -38,6 +38,9 @@ REPORT_LINES = {
     "trl-vllm-serve-get-open-port": "ImportError: cannot import name 'get_open_port' from 'vllm.utils' "
                                     "(/usr/local/lib/python3.11/site-packages/vllm/utils/__init__.py)",
     "trl-vllm-serve-sampling-kwargs": "TypeError: Unexpected keyword argument 'truncate_prompt_tokens'",
+    "cuda-toolkit-major-mismatch": "RuntimeError: The detected CUDA version (12.8) mismatches the version that "
+                                   "was used to compile\nPyTorch (13.0). Please make sure to use the same CUDA "
+                                   "versions.",
 }
 
 

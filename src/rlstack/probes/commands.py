@@ -25,8 +25,10 @@ Layers = Annotated[str | None, Opt("comma-separated layers: resolve,contract,too
 AsJson = Annotated[bool, Opt("print the report as JSON instead of the table", flag="--json")]
 Output = Annotated[Path | None, Opt("also write the JSON report to this file", short="-o")]
 Fresh = Annotated[bool, Opt("ignore cached resolutions")]
-Suggest = Annotated[bool, Opt("search nearby versions for a combination that passes the static probes")]
-MaxCandidates = Annotated[int, Opt("bound of the --suggest search")]
+Suggest = Annotated[bool, Opt("find the closest combination of versions that passes every static probe (fewest "
+                               "packages changed, then fewest releases moved), verified by uv")]
+DiscoveredOnly = Annotated[bool, Opt("contract layer from discovery alone: no case data from contracts.yaml (what "
+                                     "the wheels' sources show by themselves)")]
 
 
 def _split(spec: str | None) -> list[str] | None:
@@ -43,13 +45,15 @@ def _write_json(report: Any, path: Path | None) -> None:
         print(text)
 
 
-def _suggest(stack: str, arch: str, bound: int) -> int:
+def _suggest(stack: str, arch: str, json_: bool = False) -> tuple[int, Any]:
+    """Run the --suggest search; print it (unless json_), return (exit code, the report)."""
     from rlstack.probes import suggest
 
-    best, tried = suggest.search(stack, gpu_arch=arch, max_candidates=bound)
-    print()
-    print(suggest.render(stack, arch, best, tried, bound))
-    return 0 if best else 1
+    found = suggest.search(stack, gpu_arch=arch, progress=not json_)
+    if not json_:
+        print()
+        print(suggest.render(found))
+    return (0 if any(s.passes for s in found.suggestions) else 1), found
 
 
 def probe(
@@ -65,17 +69,24 @@ def probe(
     output: Output = None,
     fresh: Fresh = False,
     suggest: Suggest = False,
-    max_candidates: MaxCandidates = 12,
+    discovered_only: DiscoveredOnly = False,
 ) -> int:
-    """Run a stack's probes (resolve, contract, toolchain, runtime): a table or JSON, non-zero exit when a probe
-    fails. A runtime report records the environment it ran in and how it departs from the lock."""
+    """Run a stack's probes (resolve, contract, toolchain, runtime): a table or JSON. Exit 1 when a probe fails,
+    3 when none fails but one that decides a wall could not run (undecided, never a pass). A runtime report
+    records the environment it ran in and how it departs from the lock."""
     from rlstack.probes import suite
 
     r = suite.run(stack, layers=_split(layer), gpu_arch=gpu_arch, with_stacks=_split(with_stack) or [],
-                  fresh=fresh, runtime_only=_split(runtime_probes))
-    rc = _report(r, f"stack {r.stack}" if r.failed else None, json_=json_, output=output)
+                  fresh=fresh, runtime_only=_split(runtime_probes), discovered_only=discovered_only)
+    if suggest and json_:
+        src, found = _suggest(stack, gpu_arch or "sm_120", json_=True)
+        if output:
+            _write_json(r, output)
+        print(json.dumps({"report": r.model_dump(mode="json"), **found.model_dump(mode="json")}, indent=2))
+        return max(r.exit_code, src)
+    rc = _report(r, f"stack {r.stack}" if r.failed or r.undecided else None, json_=json_, output=output)
     if suggest:
-        rc = max(rc, _suggest(stack, gpu_arch or "sm_120", max_candidates))
+        rc = max(rc, _suggest(stack, gpu_arch or "sm_120")[0])
     return rc
 
 
@@ -93,7 +104,7 @@ def _report(r: Any, question: str | None, *, json_: bool, output: Path | None) -
         if question:
             print()
             print(rep.verdict(r, question))
-    return 1 if r.failed else 0
+    return int(r.exit_code)
 
 
 def probe_fp8(
@@ -106,9 +117,8 @@ def probe_fp8(
     output: Annotated[Path | None, Opt("also write each stack's JSON report into this folder "
                                        "(probe-STACK-ARCH.json, for invoke matrix --results)", short="-o")] = None,
     fresh: Fresh = False,
-    suggest: Annotated[bool, Opt(f"search versions near {FP8_REPORT_STACK}'s lock for a combination that "
-                                 "passes the static probes")] = False,
-    max_candidates: MaxCandidates = 12,
+    suggest: Annotated[bool, Opt(f"find the combination closest to {FP8_REPORT_STACK}'s lock that passes every "
+                                 "static probe (and the alternative that moves its vLLM)")] = False,
 ) -> int:
     """The report's FP8 RL question for both FP8 stacks: the report's combination (fp8-report) with each wall
     and its fix, then the working fp8 stack's verdict; exits 0 when fp8 passes (fp8-report keeps its walls).
@@ -122,18 +132,31 @@ def probe_fp8(
     from rlstack.probes import suite
 
     layers = _split(layer or FP8_LAYERS)
-    ref = suite.run(FP8_REPORT_STACK, layers=layers, gpu_arch=gpu_arch, with_stacks=["portable"], fresh=fresh)
-    new = suite.run(FP8_STACK, layers=layers, gpu_arch=gpu_arch, fresh=fresh)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlstack.probes import remote
+    from rlstack.probes.wheels import WheelCache
+
+    cache = WheelCache()  # one cache object: what one stack's run fetched (vLLM's, torch's) serves the other
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two stacks overlap their network waits
+        ref_f = pool.submit(suite.run, FP8_REPORT_STACK, layers=layers, gpu_arch=gpu_arch, with_stacks=["portable"],
+                            fresh=fresh, cache=cache)
+        new_f = pool.submit(suite.run, FP8_STACK, layers=layers, gpu_arch=gpu_arch, fresh=fresh, cache=cache)
+        ref, new = ref_f.result(), new_f.result()
     runtime_rows = rep.matrix_runtime_rows([ref, new])
-    rc = 1 if new.failed or _runtime_failures(new.stack, runtime_rows) else 0
+    rc = 1 if new.failed or _runtime_failures(new.stack, runtime_rows) else 3 if new.undecided else 0
     if output:
         for r in (ref, new):
             _write_json(r, output / f"probe-{r.stack}-{gpu_arch}.json")
     if json_:
+        found = _suggest(FP8_REPORT_STACK, gpu_arch, json_=True)[1] if suggest else None
         print(json.dumps({"gpu_arch": gpu_arch, "reference": FP8_REPORT_STACK, "stack": FP8_STACK,
                           "reports": {r.stack: r.model_dump(mode="json") for r in (ref, new)},
                           "matrix_runtime_rows": [r.model_dump(mode="json") for r in runtime_rows],
+                          "traffic": remote.TRAFFIC.as_dict(),
+                          **({"suggest": found.model_dump(mode="json")} if found else {}),
                           "exit": rc}, indent=2))
+        return rc
     else:
         for title, r in ((f"{FP8_REPORT_STACK}: the report's combination, walls intact (the reference)", ref),
                          (f"{FP8_STACK}: the working FP8 RL stack", new)):
@@ -148,7 +171,7 @@ def probe_fp8(
         print()
         print(_fp8_answer(ref, new, gpu_arch, runtime_rows))
     if suggest:
-        _suggest(FP8_REPORT_STACK, gpu_arch, max_candidates)
+        _suggest(FP8_REPORT_STACK, gpu_arch)
     return rc
 
 
@@ -178,6 +201,9 @@ def _fp8_answer(ref: Any, new: Any, arch: str, runtime_rows: list[Any]) -> str:
         bad = [w for w, _ in rep.walls(new.results)]
         what = f"{len(new.failed)} probe(s) fail: {', '.join(bad)}" if new.failed else "a measured runtime row fails"
         lines.append(f"  {new.stack}: FAILS, {what} ({gpu}) -> exit 1")
+    elif new.undecided:
+        lines.append(f"  {new.stack}: UNDECIDED, {len(new.undecided)} probe(s) that decide a wall could not run: "
+                     f"{', '.join(r.id for r in new.undecided)} ({gpu}) -> exit 3")
     else:
         skipped = sum(r.status == "skip" for r in new.results)
         lines.append(f"  {new.stack}: no probe fails ({len(new.results) - skipped} pass, {skipped} skip; {gpu}) "

@@ -15,6 +15,7 @@ Sources come from the locked wheels (rlstack.probes.wheels), parsed with ast, ne
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,9 @@ from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.wheels import SourceSet
 
 CONTRACTS_FILE = Path(__file__).with_name("contracts.yaml")
+# Parsed modules shared by every Analyzer of the process (a --suggest search analyses the same vLLM files
+# against dozens of unsloth releases); nothing mutates a tree (live_copy copies).
+_TREES: dict[tuple[str, str], ast.Module | None] = {}
 
 
 class _M(BaseModel):
@@ -79,10 +83,10 @@ class NamespacePart(_M):
 class Case(_M):
     id: str
     kind: Literal["replaced_class", "pasted_function"]
-    wall: str
+    wall: str | None = Field(description="the wall id (signatures.yaml); None for a discovered contract")
     summary: str
     requires: list[str]
-    fix: str
+    fix: str | None
     # replaced_class
     replacement: ClassRef | None = None
     original: ClassRef | None = None
@@ -115,11 +119,22 @@ class Analyzer:
     def tree(self, package: str, file: str) -> ast.Module | None:
         key = (normalize(package), file)
         if key not in self._trees:
-            text = self.src.read(package, file)
-            try:
-                self._trees[key] = ast.parse(text) if text is not None else None
-            except SyntaxError:
+            if not self.src.has(package):
                 self._trees[key] = None
+                return None
+            shared = (self.src.reader(package).key, file)  # the wheel's content (sha256), then the member
+            if shared not in _TREES:
+                text = self.src.read(package, file)
+                try:
+                    with warnings.catch_warnings():  # a library's invalid escape is not ours to report
+                        warnings.simplefilter("ignore")
+                        tree = ast.parse(text) if text is not None else None
+                except SyntaxError:
+                    tree = None
+                if len(_TREES) > 4000:
+                    _TREES.clear()
+                _TREES[shared] = tree
+            self._trees[key] = _TREES[shared]
         return self._trees[key]
 
     def info(self, package: str, file: str) -> pyast.ModuleInfo | None:
@@ -317,8 +332,13 @@ def check_replaced_class(case: Case, an: Analyzer) -> ProbeResult:
                   f"'{repl.name}' object has no attribute '{missing[0]}'")
         if repl_ext:
             reason += f" (unless bases outside the wheels provide it: {', '.join(repl_ext)})"
+        rv, ov = an.src.version(case.replacement.package), an.src.version(case.original.package)
+        fix = (f"{case.replacement.package} {rv or '(as locked)'}'s {repl.name} lacks {names}, which "
+               f"{case.original.package} {ov or '(as locked)'} calls: move {case.replacement.package} to a release "
+               f"whose {repl.name} defines {'them' if len(missing) > 1 else 'it'}, or {case.original.package} to one "
+               "that does not call it (invoke probe --stack STACK --suggest bisects the releases for the closest)")
         return ProbeResult(id=pid, layer="contract", status="fail", reason=reason, evidence=ev, signature=case.wall,
-                           fix=case.fix)
+                           fix=fix + (f"; {case.fix}" if case.fix else ""))
     checked = sorted(a for a in uses if a in orig_members)
     return ProbeResult(id=pid, layer="contract", status="pass",
                        reason=f"{repl.name} provides all {len(checked)} attributes {case.original.package} uses",
@@ -408,8 +428,14 @@ def check_pasted_function(case: Case, an: Analyzer) -> ProbeResult:
         reason = (f"{fn_ref.name} from {fn_ref.package} is pasted into a module that does not bind "
                   + ", ".join(f"{u.name} (line {u.line})" for u in missing)
                   + "; NameError when that line runs: " + ", ".join(f"name '{u.name}' is not defined" for u in missing))
+        paster = case.pasted_at.package if case.pasted_at else "the pasting package"
+        fix = (f"{paster} {an.src.version(paster) or '(as locked)'} pastes {fn_ref.package} "
+               f"{an.src.version(fn_ref.package) or '(as locked)'}'s {fn_ref.name} into a module that lacks "
+               f"{', '.join(u.name for u in missing)}: move {paster} to a release whose generated module binds "
+               f"{'them' if len(missing) > 1 else 'it'}, or {fn_ref.package} to one whose {fn_ref.name} does not use "
+               f"{'them' if len(missing) > 1 else 'it'} (invoke probe --stack STACK --suggest bisects for the closest)")
         return ProbeResult(id=pid, layer="contract", status="fail", reason=reason, evidence=ev, signature=case.wall,
-                           fix=case.fix)
+                           fix=fix + (f"; {case.fix}" if case.fix else ""))
     if missing:
         return _skip(case, f"cannot decide: star imports from {', '.join(unknown)} are outside the wheels", ev)
     return ProbeResult(id=pid, layer="contract", status="pass",

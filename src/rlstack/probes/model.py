@@ -46,6 +46,9 @@ class ProbeResult(BaseModel):
     duration_s: float = 0.0
     signature: str | None = Field(default=None, description="wall id from signatures.yaml when the probe fails")
     fix: str | None = None
+    undecided: bool = Field(
+        default=False, description="a skip that leaves a wall undecided: the probe applies to this stack (its "
+                                   "packages are locked) but could not read what decides it; never a pass")
 
 
 class Environment(BaseModel):
@@ -75,8 +78,10 @@ class ProbeReport(BaseModel):
     stack: str
     lock_hash: str
     gpu_arch: str | None
-    toolkit: str | None
+    toolkit: str | None = Field(description="the CUDA toolkit (nvcc) the toolchain probes judged: the stack's pin")
     torch_cuda: str | None
+    host_toolkit: str | None = Field(default=None, description="the nvcc of the machine (or environment) the "
+                                                               "command ran in, which a runtime probe would use")
     driver: str | None = None
     host: str
     date: str
@@ -89,6 +94,16 @@ class ProbeReport(BaseModel):
     @property
     def failed(self) -> list[ProbeResult]:
         return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def undecided(self) -> list[ProbeResult]:
+        """Skipped probes that would have decided a wall: the verdict is 'undecided', never a pass."""
+        return [r for r in self.results if r.status == "skip" and r.undecided]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a probe failed, 3 when none failed but one that decides a wall could not run, else 0."""
+        return 1 if self.failed else 3 if self.undecided else 0
 
 
 def timed(probe_id: str, layer: str, fn: Callable[[], ProbeResult]) -> ProbeResult:

@@ -17,19 +17,33 @@ def _short(text: str, n: int = 110) -> str:
 
 
 def table(report: ProbeReport) -> str:
-    rows = [[MARK[r.status], r.id, f"{r.duration_s:.2f}s", r.signature or "", _short(r.reason)] for r in report.results]
+    rows = [[MARK[r.status] if not r.undecided else "UNDECIDED", r.id, f"{r.duration_s:.2f}s", r.signature or "",
+             _short(r.reason)] for r in report.results]
     head = (f"stack {report.stack}  lock {report.lock_hash[:12]}  gpu_arch {report.gpu_arch or '(each of the stack)'}  "
-            f"toolkit {report.toolkit or '-'}  torch CUDA {report.torch_cuda or '-'}")
+            f"toolkit {report.toolkit or '-'} (stack.toml: what the toolchain probes judged)  "
+            f"host nvcc {report.host_toolkit or 'none'}  torch CUDA {report.torch_cuda or '-'}")
     counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
-    foot = f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in {report.duration_s:.1f}s"
+    undecided = len(report.undecided)
+    foot = (f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
+            + (f" ({undecided} undecided)" if undecided else "") + f" in {report.duration_s:.1f}s")
     lines = [head]
     env = report.environment
     if env is not None:
         state = "= lock" if env.lock_match else f"{len(env.deviations)} off-lock"
         lines.append(f"environment {env.where} ({state}): Python {env.python}, torch {env.torch or '-'} "
                      f"(CUDA {env.torch_cuda or '-'}), nvcc {env.toolkit or '-'} ({env.toolkit_from})")
-        lines += [f"  {d}" for d in env.deviations]
+        if env.deviations:
+            lines.append("  " + fold_deviations(env.deviations))
     return "\n".join([*lines, text_table(["status", "probe", "time", "wall", "reason"], rows), foot])
+
+
+def fold_deviations(deviations: list[str], show: int = 3) -> str:
+    """One line for the environment's departures from the lock: the count, the first few, and where the rest
+    are (the JSON report lists every one)."""
+    missing = sum(" missing " in d for d in deviations)
+    head = f"{len(deviations)} off-lock ({missing} missing, {len(deviations) - missing} at another version): "
+    more = len(deviations) - show
+    return head + "; ".join(deviations[:show]) + (f"; +{more} more (--json lists all)" if more > 0 else "")
 
 
 def walls(results: list[ProbeResult]) -> list[tuple[str, list[ProbeResult]]]:
@@ -43,9 +57,16 @@ def walls(results: list[ProbeResult]) -> list[tuple[str, list[ProbeResult]]]:
 
 def verdict(report: ProbeReport, question: str) -> str:
     found = walls(report.results)
+    undecided = report.undecided
+    if not found and undecided:
+        lines = [f"VERDICT: {question}: UNDECIDED: {len(undecided)} probe(s) that decide a wall could not run, so "
+                 "this is not a pass."]
+        for r in undecided:
+            lines.append(f"   {r.id}: {_short(r.reason, 500)}")
+        return "\n".join(lines)
     if not found:
         skipped = [r for r in report.results if r.status == "skip"]
-        tail = f" ({len(skipped)} probes skipped; see the table)" if skipped else ""
+        tail = f" ({len(skipped)} probes skipped as not applicable; see the table)" if skipped else ""
         return f"VERDICT: {question}: no wall found by the {', '.join(report.layers)} probes{tail}."
     lines = [f"VERDICT: {question}: BLOCKED by {len(found)} wall(s)."]
     for n, (wall, results) in enumerate(found, 1):
@@ -60,6 +81,9 @@ def verdict(report: ProbeReport, question: str) -> str:
         fix = results[0].fix or (sig.fix if sig else None)
         if fix:
             lines.append(f"   fix: {_short(fix, 400)}")
+    if undecided:
+        lines.append(f"\nAlso UNDECIDED ({len(undecided)}): " + "; ".join(f"{r.id}: {_short(r.reason, 200)}"
+                                                                    for r in undecided))
     return "\n".join(lines)
 
 

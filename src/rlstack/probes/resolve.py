@@ -14,10 +14,10 @@ import hashlib
 import json
 import re
 
-from rlstack.core.fileio import write_atomic
 from rlstack.host import locks
 from rlstack.host.stacks import Stack
 from rlstack.probes.model import Evidence, ProbeResult
+from rlstack.probes.remote import write_text
 from rlstack.probes.wheels import cache_dir
 
 PIN_CLAUSE = re.compile(r"[A-Za-z0-9_.-]+==[^\s,]+")
@@ -44,11 +44,27 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
     if not res.ok and OFFLINE.search(text) and "No solution found" not in text:
         return res.ok, text, cmd  # not an answer: do not cache it
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"ok": res.ok, "text": text, "command": cmd}))
+    write_text(path, json.dumps({"ok": res.ok, "text": text, "command": cmd}))
     return res.ok, text, cmd
 
 
+def lock_is_fresh(stack: Stack) -> bool:
+    """The committed lock was resolved from exactly this stack's inputs (its header's inputs hash)."""
+    if not stack.lock_file.is_file():
+        return False
+    return locks.read_header(stack.lock_file.read_text()).get("inputs") == locks.inputs_hash(stack)
+
+
 def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
+    """Do the stack's pins resolve? A lock made from exactly these inputs is uv's own answer (yes, and which
+    versions), so it is read instead of asking again; `fresh` or a stale lock asks uv."""
+    if not fresh and lock_is_fresh(stack):
+        n = len(locks.locked_versions(stack))
+        return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="pass",
+                           reason=f"resolves for Python {stack.python} on {stack.platform} ({n} packages pinned: "
+                                  f"the committed lock, made from these inputs)",
+                           evidence=[Evidence(text=f"{stack.lock_file.name} header inputs={locks.inputs_hash(stack)}",
+                                              file=str(stack.lock_file.relative_to(stack.folder.parent.parent)))])
     reqs = locks.resolver_input(stack)
     ok, text, cmd = _cached_resolve(reqs, stack.python, stack.platform, fresh)
     if not ok and (off := _offline(f"resolve:{stack.name}", text, cmd)):

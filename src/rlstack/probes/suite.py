@@ -1,20 +1,48 @@
 """Run the probes of the chosen layers for one stack and assemble a ProbeReport (what `rlstack probe`
-prints or writes as JSON, and what compat_matrix rows are made of)."""
+prints or writes as JSON, and what compat_matrix rows are made of).
+
+The static layers read only what they need: the resolve layer answers from a lock made from the stack's
+exact inputs (uv runs for co-installs and stale locks, in the background while the rest runs), and the
+contract and toolchain layers range-read the members they analyse from the locked wheels
+(rlstack.probes.remote). A contract or toolchain result depends only on the wheels it read (named by
+their sha256), its case or rule, the arch and toolkit, and the probes' own code, so it is cached under the
+hash of all of those: a warm run re-analyses nothing.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import hashlib
+import json
 import platform
 import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 
-from rlstack.core.errors import RlstackError
+from rlstack.core.errors import LockError, RlstackError
 from rlstack.host import locks
 from rlstack.host.locks import LockedPackage, parse_locked
 from rlstack.host.stacks import Stack, load_stack
-from rlstack.probes import contract, environment, resolve, runtime, signatures, toolchain
+from rlstack.probes import contract, environment, remote, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
-from rlstack.probes.wheels import SourceSet, WheelCache, WheelError
+from rlstack.probes.remote import RemoteWheel
+from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, cache_dir
+
+# The files whose content decides a static probe's answer, besides the wheels: a change to any of them
+# invalidates every cached result.
+_CODE = ("contract.py", "pyast.py", "toolchain.py", "discover.py", "contracts.yaml", "toolchain.yaml", "suite.py")
+
+
+@cache
+def code_hash() -> str:
+    h = hashlib.sha256()
+    for name in _CODE:
+        p = Path(__file__).with_name(name)
+        h.update(name.encode() + (p.read_bytes() if p.is_file() else b"-"))
+    return h.hexdigest()
 
 
 def locked_packages(stack: Stack, lock_text: str | None = None) -> dict[str, LockedPackage]:
@@ -22,34 +50,116 @@ def locked_packages(stack: Stack, lock_text: str | None = None) -> dict[str, Loc
     return parse_locked(lock_text) if lock_text is not None else locks.locked_packages(stack)
 
 
-def fetch_sources(stack: Stack, names: set[str], locked: dict[str, LockedPackage], cache: WheelCache
-                  ) -> tuple[SourceSet, dict[str, str]]:
-    """Verified local wheels for `names` (those in the lock), and {package: why} for those that failed."""
-    wheels: dict[str, Path] = {}
+def fetch_sources(stack: Stack, names: set[str], locked: dict[str, LockedPackage], cache: WheelCache,
+                  prefetch_skip: frozenset[str] = frozenset({"torch"}), any_platform: bool = False,
+                  prefetch: bool = True) -> tuple[SourceSet, dict[str, str], dict[str, str]]:
+    """Readers for the locked wheels of `names` (those in the lock), {package: why} for those that cannot be
+    read, and {package: sha256 of the file read} (the cache key). Index listings are fetched in parallel; with
+    `prefetch` each remote wheel's Python sources come in a few range requests (what discovery reads: nearly
+    all of them), without it members are read as the analysis opens them (what a contract case reads: a few)."""
+    wheels: dict[str, Path | RemoteWheel] = {}
     errors: dict[str, str] = {}
-    for name in sorted(names):
-        if name not in locked:
-            continue
+    digests: dict[str, str] = {}
+
+    def one(name: str) -> None:
         try:
-            wheels[name] = cache.fetch(locked[name], stack.python, stack.platform)
+            w = cache.open(locked[name], stack.python, stack.platform, any_platform=any_platform)
+            wheels[name] = w
+            digests[name] = w.sha256 if isinstance(w, RemoteWheel) else cache.digest(w)
+            if isinstance(w, RemoteWheel) and prefetch and name not in prefetch_skip:
+                w.prefetch_sources()
         except WheelError as exc:
             errors[name] = str(exc)
-    return SourceSet(wheels), errors
+        except RlstackError as exc:  # a member that RECORD does not vouch for, a file that changed size
+            errors[name] = str(exc)
+        except (OSError, KeyError, ValueError) as exc:  # the network, a malformed zip
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    todo = sorted(n for n in names if n in locked)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, todo))
+    return SourceSet(dict(sorted(wheels.items()))), errors, digests
+
+
+def _result_cache(key: Mapping[str, object], fn: Callable[[], ProbeResult]) -> ProbeResult:
+    """fn's result, cached under the hash of `key` (which names everything the answer depends on). An
+    undecided skip is not cached: what was missing may be there next time."""
+    digest = hashlib.sha256(json.dumps({**key, "code": code_hash()}, sort_keys=True).encode()).hexdigest()
+    path = cache_dir() / "results" / f"{digest}.json"
+    if path.is_file():
+        try:
+            res = ProbeResult.model_validate_json(path.read_text())
+            res.duration_s = 0.0
+            return res
+        except ValueError:
+            pass
+    res = fn()
+    if not res.undecided and not res.reason.startswith("probe crashed"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remote.write_text(path, res.model_dump_json())
+    return res
+
+
+def _coinstall(other: Stack, stack: Stack, fresh: bool) -> Callable[[], ProbeResult]:
+    return lambda: resolve.probe_coinstall(other, stack, fresh=fresh)
+
+
+def _cached_probe(key: Mapping[str, object], pid: str, layer: str, fn: Callable[[], ProbeResult]
+                  ) -> Callable[[], ProbeResult]:
+    """A probe to run later: from the result cache, or timed and stored; its id is the one asked for."""
+    def go() -> ProbeResult:
+        res = _result_cache(key, lambda: timed(pid, layer, fn))
+        res.id = pid
+        return res
+    return go
+
+
+def _unreadable(pid: str, layer: str, package: str, why: str) -> ProbeResult:
+    """A probe whose packages are all locked but one of whose wheels cannot be read: it would have decided a
+    wall, so it is undecided (never a pass), and the reason says what blocks it and how to fix that."""
+    return ProbeResult(id=pid, layer=layer, status="skip", undecided=True,
+                       reason=f"undecided: cannot read {package}'s locked wheel: {why[:600]}")
 
 
 def static_results(stack: Stack, *, layers: list[str], gpu_arch: str | None, locked: dict[str, LockedPackage],
                    cache: WheelCache, toolkit: str | None, with_stacks: list[Stack] | None = None,
-                   fresh: bool = False, resolve_stack: bool = True) -> list[ProbeResult]:
-    """The static layers (resolve, contract, toolchain) for a stack as locked (or as a candidate lock)."""
+                   fresh: bool = False, resolve_stack: bool = True, cases: list[contract.Case] | None = None,
+                   discovered_only: bool = False, any_platform: bool = False) -> list[ProbeResult]:
+    """The static layers (resolve, contract, toolchain) for a stack as locked (or as a candidate lock).
+    `cases`: the contract cases to check (default contracts.yaml); `discovered_only`: no case data at all,
+    only what discovery finds (rlstack.probes.discover)."""
     out: list[ProbeResult] = []
-    if "resolve" in layers:
-        if resolve_stack:
-            out.append(timed(f"resolve:{stack.name}", "resolve", lambda: resolve.probe_stack(stack, fresh=fresh)))
-        for other in with_stacks or []:
-            # the other (proven) stack's full pins, joined by this stack's top-level requirements
-            out.append(timed(f"resolve:coinstall:{other.name}+{stack.name}", "resolve",
-                             lambda o=other: resolve.probe_coinstall(o, stack, fresh=fresh)))  # type: ignore[misc]
-    cases = contract.load_cases() if "contract" in layers else []
+    pending: list[tuple[int, Future[ProbeResult]]] = []
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        if "resolve" in layers:
+            # uv runs in the background while the wheels are read
+            if resolve_stack:
+                out.append(ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="skip", reason="-"))
+                pending.append((len(out) - 1, pool.submit(
+                    timed, f"resolve:{stack.name}", "resolve", lambda: resolve.probe_stack(stack, fresh=fresh))))
+            for other in with_stacks or []:
+                # the other (proven) stack's full pins, joined by this stack's top-level requirements
+                pid = f"resolve:coinstall:{other.name}+{stack.name}"
+                out.append(ProbeResult(id=pid, layer="resolve", status="skip", reason="-"))
+                pending.append((len(out) - 1, pool.submit(timed, pid, "resolve", _coinstall(other, stack, fresh))))
+        out += _source_layers(stack, layers=layers, gpu_arch=gpu_arch, locked=locked, cache=cache, toolkit=toolkit,
+                              cases=cases, discovered_only=discovered_only, any_platform=any_platform)
+        for i, fut in pending:
+            out[i] = fut.result()
+    finally:
+        pool.shutdown(wait=True)
+    return out
+
+
+def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, locked: dict[str, LockedPackage],
+                   cache: WheelCache, toolkit: str | None, cases: list[contract.Case] | None,
+                   discovered_only: bool, any_platform: bool = False) -> list[ProbeResult]:
+    out: list[ProbeResult] = []
+    if "contract" in layers:
+        cases = [] if discovered_only else contract.load_cases() if cases is None else cases
+    else:
+        cases = []
     rules = toolchain.load_rules() if "toolchain" in layers else []
     archs = [gpu_arch] if gpu_arch else list(stack.gpu_archs)
     need: set[str] = set()
@@ -60,71 +170,111 @@ def static_results(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
         if toolchain.rule_packages(r) <= set(locked) and archs:
             need |= toolchain.rule_packages(r)
     t0 = time.perf_counter()
-    sources, errors = fetch_sources(stack, need, locked, cache)
-    fetch_s = time.perf_counter() - t0
+    before = (remote.TRAFFIC.requests, remote.TRAFFIC.bytes, len(cache.downloaded))
+    sources, errors, digests = fetch_sources(stack, need, locked, cache, any_platform=any_platform, prefetch=False)
+    # each probe reads a few members lazily; run side by side, their round trips overlap
+    jobs: list[ProbeResult | Callable[[], ProbeResult]] = []
+    pool = ThreadPoolExecutor(max_workers=6)
     try:
         for c in cases:
             pid = f"contract:{c.id}"
             absent = sorted(contract.case_packages(c) - set(locked))
             bad = sorted(p for p in contract.case_packages(c) if p in errors)
             if absent:
-                out.append(ProbeResult(id=pid, layer="contract", status="skip",
-                                       reason=f"not applicable: {', '.join(absent)} not in the {stack.name} lock"))
+                jobs.append(ProbeResult(id=pid, layer="contract", status="skip",
+                                        reason=f"not applicable: {', '.join(absent)} not in the {stack.name} lock"))
             elif bad:
-                out.append(ProbeResult(id=pid, layer="contract", status="skip", reason=errors[bad[0]][:500]))
+                jobs.append(_unreadable(pid, "contract", bad[0], errors[bad[0]]))
             else:
-                out.append(timed(pid, "contract", lambda c=c: contract.run_case(c, sources)))  # type: ignore[misc]
+                ckey: dict[str, object] = {"probe": pid, "case": c.model_dump(mode="json"),
+                                           "wheels": {p: digests[p] for p in sorted(contract.case_packages(c))}}
+                jobs.append(_cached_probe(ckey, pid, "contract", functools.partial(contract.run_case, c, sources)))
         for r in rules:
             pid = f"toolchain:{r.id}"
             absent = sorted(toolchain.rule_packages(r) - set(locked))
             if not archs:
-                out.append(ProbeResult(id=pid, layer="toolchain", status="skip",
-                                       reason=f"stack '{stack.name}' targets no GPU arch (gpu_archs = [])"))
+                jobs.append(ProbeResult(id=pid, layer="toolchain", status="skip",
+                                        reason=f"stack '{stack.name}' targets no GPU arch (gpu_archs = [])"))
                 continue
             if absent:
-                out.append(ProbeResult(id=pid, layer="toolchain", status="skip",
-                                       reason=f"not applicable: {', '.join(absent)} not in the {stack.name} lock"))
+                jobs.append(ProbeResult(id=pid, layer="toolchain", status="skip",
+                                        reason=f"not applicable: {', '.join(absent)} not in the {stack.name} lock"))
                 continue
             bad = sorted(p for p in toolchain.rule_packages(r) if p in errors)
             for arch in archs:
                 aid = pid if gpu_arch else f"{pid}@{arch}"
                 if bad:
-                    out.append(ProbeResult(id=aid, layer="toolchain", status="skip", reason=errors[bad[0]][:500]))
+                    jobs.append(_unreadable(aid, "toolchain", bad[0], errors[bad[0]]))
                     continue
-                res = timed(aid, "toolchain", lambda r=r, arch=arch: toolchain.evaluate(  # type: ignore[misc]
-                    r, sources, gpu_arch=arch, toolkit=toolkit, torch_cuda=stack.torch.cuda,
-                    torch_wheel=sources.wheels.get("torch")))
-                res.id = aid
-                out.append(res)
+                key: dict[str, object] = {
+                    "probe": aid, "rule": r.model_dump(mode="json"), "arch": arch, "toolkit": toolkit,
+                    "torch_cuda": stack.torch.cuda, "torch": digests.get("torch"),
+                    "wheels": {p: digests[p] for p in sorted(toolchain.rule_packages(r))}}
+                jobs.append(_cached_probe(key, aid, "toolchain", functools.partial(
+                    toolchain.evaluate, r, sources, gpu_arch=arch, toolkit=toolkit, torch_cuda=stack.torch.cuda,
+                    torch_wheel=sources.wheels.get("torch"))))
+        futures = [pool.submit(j) if callable(j) else j for j in jobs]
+        out += [f.result() if isinstance(f, Future) else f for f in futures]
+        if "contract" in layers and discovered_only:
+            from rlstack.probes import discover
+
+            out += discover.results(stack, locked=locked, cache=cache)
     finally:
+        pool.shutdown(wait=True)
         sources.close()
-    if cache.downloaded and out:
-        out[-1].evidence.append(Evidence(text=f"downloaded {len(cache.downloaded)} wheel(s) in {fetch_s:.1f}s: "
-                                              + ", ".join(cache.downloaded)))
+    requests = remote.TRAFFIC.requests - before[0]
+    if requests and out:
+        whole = cache.downloaded[before[2]:]
+        out[-1].evidence.append(Evidence(
+            text=f"read {len(need)} locked wheel(s) in {time.perf_counter() - t0:.1f}s: {requests} request(s), "
+                 f"{(remote.TRAFFIC.bytes - before[1]) / 1e6:.1f} MB"
+                 + (f"; whole wheels (the index refused byte ranges): {', '.join(whole)}" if whole else "")))
     return out
+
+
+def _require_lock(stack: Stack) -> None:
+    """A stack without a lock: either its pins do not resolve (uv's explanation, non-zero) or it was never
+    locked. Either way there is nothing to probe; say which, not a traceback."""
+    if stack.lock_file.is_file():
+        return
+    res = resolve.probe_stack(stack, fresh=True)
+    text = res.evidence[0].text if res.evidence else res.reason
+    if res.status == "fail":
+        raise LockError(f"stack '{stack.name}' does not resolve for Python {stack.python} on {stack.platform}, so it "
+                        f"has no lock to probe. uv says:\n{text}",
+                        f"change the conflicting pins in {stack.requirements_in} or {stack.stack_file}, then "
+                        f"invoke lock --stack {stack.name}")
+    if res.status == "skip":
+        raise LockError(f"stack '{stack.name}' has no lock, and uv could not reach the index to resolve it:\n{text}",
+                        "check the network, then invoke lock --stack " + stack.name)
+    raise LockError(f"stack '{stack.name}' resolves but has no lock ({stack.lock_file})",
+                    f"invoke lock --stack {stack.name}")
 
 
 def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | None = None,
         with_stacks: list[str] | None = None, fresh: bool = False, cache: WheelCache | None = None,
-        fp8_runtime: bool | None = None, runtime_only: list[str] | None = None) -> ProbeReport:
+        fp8_runtime: bool | None = None, runtime_only: list[str] | None = None,
+        discovered_only: bool = False) -> ProbeReport:
     t0 = time.perf_counter()
     stack = load_stack(stack_name)
     layers = list(layers or LAYERS)
     unknown = sorted(set(layers) - set(LAYERS))
     if unknown:
         raise RlstackError(f"unknown probe layer(s): {', '.join(unknown)}", f"choose from {', '.join(LAYERS)}")
+    _require_lock(stack)
     cache = cache or WheelCache()
     locked = locked_packages(stack)
     toolkit = stack.cuda_toolkit.version if stack.cuda_toolkit else None
     results = static_results(stack, layers=layers, gpu_arch=gpu_arch, locked=locked, cache=cache, toolkit=toolkit,
-                             with_stacks=[load_stack(n) for n in with_stacks or []], fresh=fresh)
+                             with_stacks=[load_stack(n) for n in with_stacks or []], fresh=fresh,
+                             discovered_only=discovered_only)
     facts: dict[str, str] = {}
     env = None
     torch_cuda = stack.torch.cuda
     if "runtime" in layers:
         # the runtime layer reports on what it imported, which natively need not be the lock
         env = environment.capture(stack, locked)
-        toolkit, torch_cuda = env.toolkit, env.torch_cuda
+        torch_cuda = env.torch_cuda
         facts = runtime.gpu_facts()
         if gpu_arch and facts.get("arch") and facts["arch"] != gpu_arch:
             raise RlstackError(f"--gpu-arch {gpu_arch}, but the GPU here is {facts['arch']} "
@@ -137,9 +287,10 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
             raise RlstackError(f"unknown runtime probe(s): {', '.join(unknown_probes)}",
                                f"choose from {', '.join(runtime.BODIES)}")
         results += runtime.run_all(fp8=fp8, only=runtime_only or None)
+    host_toolkit = env.toolkit if env is not None else environment.toolkit({})[0]
     results = [signatures.match_result(r) for r in results]
     return ProbeReport(
         stack=stack.name, lock_hash=locks.lock_hash(stack), gpu_arch=gpu_arch or facts.get("arch"),
-        toolkit=toolkit, torch_cuda=torch_cuda, driver=facts.get("driver"), host=platform.node(),
-        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), layers=layers, results=results,
-        duration_s=round(time.perf_counter() - t0, 3), environment=env)
+        toolkit=toolkit, host_toolkit=host_toolkit, torch_cuda=torch_cuda, driver=facts.get("driver"),
+        host=platform.node(), date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), layers=layers,
+        results=results, duration_s=round(time.perf_counter() - t0, 3), environment=env)

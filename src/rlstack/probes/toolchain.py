@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import zipfile
+import threading
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstack.core.fileio import sha256_file
 from rlstack.core.pkgnames import normalize
 from rlstack.probes.model import Evidence, ProbeResult
-from rlstack.probes.wheels import SourceSet, cache_dir
+from rlstack.probes.wheels import LocalWheel, RemoteWheel, SourceSet, cache_dir, reader
 
 RULES_FILE = Path(__file__).with_name("toolchain.yaml")
 ARCH_LIST_RE = re.compile(rb"(?:sm|compute)_\d{2,3}[af]?(?: (?:sm|compute)_\d{2,3}[af]?)+")
@@ -39,7 +39,7 @@ class SourceRef(_M):
 
 class Rule(_M):
     id: str
-    kind: Literal["min_toolkit", "torch_arch"]
+    kind: Literal["min_toolkit", "torch_arch", "toolkit_torch_major"]
     wall: str
     requires: list[str]
     summary: str
@@ -83,26 +83,36 @@ def find_line(sources: SourceSet, ref: SourceRef) -> tuple[int, re.Match[str]] |
     return None
 
 
-def torch_arch_list(wheel: Path, member: str = "torch/lib/libtorch_python.so") -> list[str]:
+def torch_arch_list(wheel: Path | RemoteWheel | LocalWheel, member: str = "torch/lib/libtorch_python.so"
+                    ) -> list[str]:
     """The arch flags torch was compiled with (what torch.cuda.get_arch_list() reports), read from the
-    string constant in the wheel's shared library: no GPU, no import. Cached by the wheel's sha256."""
-    digest = sha256_file(wheel) if not wheel.with_name(wheel.name + ".sha256").is_file() else \
-        json.loads(wheel.with_name(wheel.name + ".sha256").read_text())["sha256"]
+    string constant in the wheel's shared library: no GPU, no import. Cached by the wheel's sha256 (a
+    whole wheel's from its verified marker, a remote one's from the lock)."""
+    if isinstance(wheel, RemoteWheel):
+        digest = wheel.sha256
+    else:
+        path = wheel.path if isinstance(wheel, LocalWheel) else wheel
+        marker = path.with_name(path.name + ".sha256")
+        digest = json.loads(marker.read_text())["sha256"] if marker.is_file() else sha256_file(path)
     cache = cache_dir() / "facts" / f"torch-arch-{digest}.json"
-    if cache.is_file():
-        return list(json.loads(cache.read_text()))
+    with _FACT_LOCKS.setdefault(digest, threading.Lock()):  # two stacks on one torch read it once
+        if cache.is_file():
+            return list(json.loads(cache.read_text()))
+        found = _arch_list(reader(wheel).read(member) or b"")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(found))
+    return found
+
+
+_FACT_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _arch_list(data: bytes) -> list[str]:
     found: list[str] = []
-    with zipfile.ZipFile(wheel) as z, z.open(member) as fh:
-        tail = b""
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            buf = tail + chunk
-            for m in ARCH_LIST_RE.finditer(buf):
-                archs = m.group().decode().split()
-                if len(archs) > len(found):
-                    found = archs
-            tail = buf[-256:]
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(found))
+    for m in ARCH_LIST_RE.finditer(data):
+        archs = m.group().decode().split()
+        if len(archs) > len(found):
+            found = archs
     return found
 
 
@@ -120,7 +130,7 @@ def torch_supports(arch_list: list[str], target: str) -> bool:
 
 
 def evaluate(rule: Rule, sources: SourceSet, *, gpu_arch: str, toolkit: str | None, torch_cuda: str | None,
-             torch_wheel: Path | None = None) -> ProbeResult:
+             torch_wheel: Path | RemoteWheel | LocalWheel | None = None) -> ProbeResult:
     pid = f"toolchain:{rule.id}"
 
     def res(status: str, reason: str, ev: list[Evidence]) -> ProbeResult:
@@ -153,6 +163,8 @@ def evaluate(rule: Rule, sources: SourceSet, *, gpu_arch: str, toolkit: str | No
         if version_tuple(have) < version_tuple(need):
             return res("fail", f"SM {arch_major(gpu_arch)}.x requires CUDA >= {need}; the stack's {what} is {have}", ev)
         return res("pass", f"{what} {have} >= {need} for {gpu_arch}", ev)
+    if rule.kind == "toolkit_torch_major":
+        return _torch_major(rule, res, ev, sources, toolkit=toolkit, torch_cuda=torch_cuda)
     # torch_arch
     if torch_wheel is None:
         return res("skip", "torch wheel not available to read its compiled arch list", ev)
@@ -164,6 +176,39 @@ def evaluate(rule: Rule, sources: SourceSet, *, gpu_arch: str, toolkit: str | No
         return res("pass", f"torch carries kernels for {gpu_arch} ({' '.join(archs)})", ev)
     return res("fail", f"{gpu_arch} is not compatible with the current PyTorch installation (torch has "
                        f"{' '.join(archs)})", ev)
+
+
+def _torch_major(rule: Rule, res: Any, ev: list[Evidence], sources: SourceSet, *, toolkit: str | None,
+                 torch_cuda: str | None) -> ProbeResult:
+    """The stack's nvcc against the CUDA torch was built with (torch/version.py in the wheel, else stack.toml):
+    a major mismatch fails (torch raises), a minor one passes with torch's warning in the reason."""
+    if toolkit is None:
+        return res("pass", "the stack pins no nvcc: nothing here compiles against torch's CUDA", ev)
+    built = torch_version_cuda(sources) or torch_cuda
+    if built is None:
+        return res("pass", "torch is not built for CUDA: the rule does not bind", ev)
+    if rule.toolkit_source:
+        tl = find_line(sources, rule.toolkit_source) if sources.has(rule.toolkit_source.package) else None
+        if tl:
+            ev.append(Evidence(text=rule.toolkit_source.note or tl[1].string.strip(),
+                               package=rule.toolkit_source.package, file=rule.toolkit_source.file, line=tl[0]))
+    ev.append(Evidence(text=f"nvcc (stack.toml [cuda_toolkit]) = {toolkit}; torch.version.cuda = {built}"))
+    have, want = version_tuple(toolkit), version_tuple(built)
+    if have[:1] != want[:1]:
+        return res("fail", f"nvcc {toolkit} is CUDA {have[0]}, torch is built for CUDA {built}: torch refuses to build "
+                           f"a CUDA extension with it (\"The detected CUDA version ({'.'.join(map(str, have))}) "
+                           f"mismatches the version that was used to compile PyTorch ({built})\")", ev)
+    if have != want:
+        return res("pass", f"nvcc {toolkit} and torch's CUDA {built} share the major (a minor mismatch: torch warns)",
+                   ev)
+    return res("pass", f"nvcc {toolkit} is torch's CUDA {built}", ev)
+
+
+def torch_version_cuda(sources: SourceSet) -> str | None:
+    """torch.version.cuda of the torch wheel in the set, read from torch/version.py."""
+    text = sources.read("torch", "torch/version.py") if sources.has("torch") else None
+    m = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*['\"]([^'\"]+)['\"]", text or "", re.M)
+    return m[1] if m else None
 
 
 def rule_packages(rule: Rule) -> set[str]:
