@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 from pathlib import Path
 
 
@@ -39,8 +40,9 @@ def swap_in(new: Path, dest: Path) -> Path:
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write a text file so that a reader (or an interrupted writer) sees the old content or the new, never a
-    half-written file: a temporary file in the same folder, then one rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    half-written file: a temporary file in the same folder, then one rename. The temporary name carries the
+    process and thread, so two threads writing the same file never share one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)

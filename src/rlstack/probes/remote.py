@@ -391,8 +391,8 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 
 def write_text(path: Path, text: str) -> Path:
-    """core.fileio.write_atomic for threads too: the temporary name carries the thread, so two threads that
-    write the same cache file (two stacks reading one wheel) never rename each other's half-written file."""
+    """core.fileio.write_atomic in a folder made first (two threads writing one cache file are safe there)."""
+    from rlstack.core.fileio import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_bytes(path, text.encode())
-    return path
+    return write_atomic(path, text)
