@@ -13,6 +13,8 @@ peft = pytest.importorskip("peft")
 
 from rlstack.payload import fastgen  # noqa: E402
 
+_TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
+
 
 def _tiny(seed: int = 0):
     torch.manual_seed(seed)
@@ -83,7 +85,8 @@ def test_installed_hook_samples_like_trl_generate() -> None:
     got = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, disable_compile=True)
     assert torch.equal(ref, got)
     sampling, max_new = fastgen.sampling_from_generation_config(gc, model)
-    assert sampling.top_k == 50 and max_new == 12
+    # transformers 5 fills TRL's top_k=None from its global defaults (50); 4.57 keeps None (no top-k warper)
+    assert sampling.top_k == (50 if _TRANSFORMERS_5 else None) and max_new == 12
     fastgen.uninstall(model)
     assert not fastgen.installed(model)
 
@@ -146,3 +149,264 @@ def test_gqa_decode_attention_matches_repeat_kv_sdpa() -> None:
     got, _ = gqa_decode_attention(M(), q, k, v, mask, scaling=0.25)
     assert got.shape == ref.shape == (b, 1, h, d)
     assert torch.allclose(got, ref, atol=1e-10)
+
+
+# --- generation configs: resolved as the installed transformers' generate resolves them -------------------------
+
+
+def _qwen3_hub_generation_config(model) -> None:
+    """The sampling defaults Qwen3 checkpoints ship in generation_config.json (Qwen/Qwen3-4B)."""
+    model.generation_config.do_sample = True
+    model.generation_config.temperature = 0.6
+    model.generation_config.top_k = 20
+    model.generation_config.top_p = 0.95
+
+
+def _trl_generation_config(max_new_tokens: int, **extra):
+    """GenerationConfig as TRL 0.24's GRPOTrainer builds it (use_vllm=False)."""
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=0, bos_token_id=None, eos_token_id=5,
+              temperature=1.0, top_p=1.0, top_k=None, min_p=None, repetition_penalty=1.0, cache_implementation=None)
+    kw.update(extra)
+    return transformers.GenerationConfig(**kw)
+
+
+def test_trl_config_keeps_max_new_tokens_over_a_model_config_without_it() -> None:
+    """The transformers 4.57.6 failure ('fastgen needs max_new_tokens'): the model's own generation config (no
+    max_new_tokens) was written over TRL's. Whatever the version, TRL's value must win."""
+    model = _tiny(12)
+    assert model.generation_config.max_new_tokens is None
+    sampling, max_new = fastgen.sampling_from_generation_config(_trl_generation_config(33), model)
+    assert max_new == 33 and sampling.eos_token_ids == (5,) and sampling.do_sample
+    # without a model (no _prepare_generation_config to ask), only None fields are filled
+    _, max_new = fastgen.sampling_from_generation_config(_trl_generation_config(21), None)
+    assert max_new == 21
+
+
+def test_model_sampling_defaults_resolve_like_generate_and_sample_the_same_tokens() -> None:
+    """A model whose generation_config carries sampling defaults (as Qwen3's does) under TRL's config: the two
+    transformers lines resolve it differently, and fastgen must follow the installed one, token for token."""
+    model = peft.get_peft_model(_tiny(13), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    _qwen3_hub_generation_config(model.get_base_model())
+    ids, mask = _prompts(13)
+    gc = _trl_generation_config(10)
+    resolved = fastgen.resolve_generation_config(gc, model)
+    if _TRANSFORMERS_5:  # caller's None fields take the model's values; set ones stay
+        assert (resolved.temperature, resolved.top_k, resolved.top_p) == (1.0, 20, 1.0)
+    else:  # 4.57: caller's values equal to the global default take the model's; None stays None
+        assert (resolved.temperature, resolved.top_k, resolved.top_p) == (0.6, None, 0.95)
+    assert resolved.max_new_tokens == 10
+    torch.manual_seed(3)
+    ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, disable_compile=True)
+    fastgen.install(model, compile=False)
+    torch.manual_seed(3)
+    got = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, disable_compile=True)
+    assert fastgen.failure(model) is None
+    assert torch.equal(ref, got)
+
+
+def test_generate_keyword_arguments_without_a_config() -> None:
+    """model.generate(input_ids=..., max_new_tokens=..., do_sample=False): plain kwargs, no generation_config."""
+    model = _tiny(14)
+    ids, mask = _prompts(14)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=7, do_sample=False, pad_token_id=0)
+    fastgen.install(model, compile=False)
+    got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=7, do_sample=False, pad_token_id=0)
+    assert fastgen.failure(model) is None and fastgen.get_engine(model).decoder is not None
+    assert torch.equal(ref, got)
+
+
+def test_unpatched_modeling_modules_are_not_reported_as_patched() -> None:
+    """transformers decorates its own classes (hub kernels replace __init__): that is not a patch, and the shadow
+    keeps using the live classes on the transformers path."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from rlstack.payload.fastgen.engine import patched_members, shadow_class
+
+    assert patched_members(modeling_qwen3) == [] and patched_members(modeling_llama) == []
+    assert shadow_class(transformers.Qwen3ForCausalLM) == (transformers.Qwen3ForCausalLM, [])
+
+
+def test_pristine_copy_computes_the_same_tokens() -> None:
+    """The shadow built from a fresh execution of the modeling module (what the Unsloth path uses) is the same
+    function as the live classes."""
+    model = peft.get_peft_model(_tiny(15), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(15)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 9, do_sample=False, pad_token_id=0, compile=False, pristine=True)
+    engine = fastgen.get_engine(model)
+    assert type(engine.decoder).__module__.endswith("_rlstack_fastgen_pristine_modeling_qwen3")
+    assert type(engine.decoder) is not transformers.Qwen3ForCausalLM
+    assert torch.equal(ref, got)
+
+
+# --- fallback, once ----------------------------------------------------------------------------------------------
+
+
+def test_any_exception_falls_back_once_for_the_rest_of_the_run(monkeypatch, capsys) -> None:
+    """A non-FastgenError failure inside the fast path (here: the engine's generate raising RuntimeError) must not
+    reach the trainer: this call and every later one use the original generate, the reason is printed once, and
+    the fast path is not tried again."""
+    model = _tiny(16)
+    ids, mask = _prompts(16)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    calls = []
+
+    def broken(self, *a, **k):
+        calls.append(1)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(fastgen.FastGenerator, "generate", broken)
+    fastgen.install(model, compile=False)
+    for _ in range(3):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(ref, got)
+    assert len(calls) == 1
+    assert "RuntimeError: CUDA error: an illegal memory access" in (fastgen.failure(model) or "")
+    err = capsys.readouterr().err
+    assert err.count("rlstack fastgen: falling back") == 1 and "illegal memory access" in err
+    assert "_rlstack_fastgen_engine" not in vars(model)  # the engine (and its GPU memory) is dropped
+    fastgen.uninstall(model)
+    assert fastgen.failure(model) is None
+
+
+def test_a_shadow_that_cannot_be_built_is_not_rebuilt_every_step(monkeypatch) -> None:
+    """Before: get_engine stored nothing when the build failed, so every GRPO step rebuilt it and failed again."""
+    from rlstack.payload.fastgen import engine as engine_mod
+
+    model = peft.get_peft_model(_tiny(17), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _prompts(17)
+    builds = []
+
+    def failing_init(self, *a, **k):
+        builds.append(1)
+        raise engine_mod.FastgenError("fastgen: cannot map module model.foo of the shadow model", "")
+
+    monkeypatch.setattr(engine_mod._Shadow, "__init__", failing_init)
+    fastgen.install(model, compile=False)
+    gc = _trl_generation_config(4)
+    for _ in range(3):
+        torch.manual_seed(0)
+        model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, disable_compile=True)
+    assert len(builds) == 1
+    assert "cannot map module" in (fastgen.failure(model) or "")
+
+
+# --- memory check ------------------------------------------------------------------------------------------------
+
+
+def _fake_gpu(monkeypatch, free: int, reserved: int = 0, allocated: int = 0) -> list[object]:
+    seen: list[object] = []
+
+    def mem_get_info(device=None):
+        seen.append(device)
+        return free, 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+    return seen
+
+
+def _new_bytes(model, engine) -> tuple[int, int]:
+    """(shadow parameter bytes not shared with the trained model, StaticCache bytes): what fastgen allocated."""
+    trained = {t.data_ptr() for t in model.parameters()}
+    seen, shadow = set(), 0
+    for p in engine.decoder.parameters():
+        if p.data_ptr() not in trained and p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            shadow += p.numel() * p.element_size()
+    kv = 0
+    for cache, _mask in engine._caches.values():
+        for layer in cache.layers:
+            for t in (layer.keys, layer.values):
+                kv += t.numel() * t.element_size()
+    return shadow, kv
+
+
+def test_memory_estimate_equals_what_fastgen_allocates(monkeypatch) -> None:
+    """The plan's shadow and KV bytes are the bytes the shadow and the StaticCache then hold (float32 model with an
+    fp64 norm, so a cast copy is counted too)."""
+    base = _tiny(18)
+    base.model.norm.double()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _prompts(18)
+    seen = _fake_gpu(monkeypatch, free=64 * 2**30)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True)
+    engine.generate(ids, mask, 5, fastgen.Sampling(do_sample=False))
+    plan = engine.last_plan
+    assert plan is not None and seen, "the check asked torch.cuda.mem_get_info"
+    assert (plan.batch, plan.length) == (3, 128)
+    shadow, kv = _new_bytes(model, engine)
+    assert plan.shadow == shadow > 0
+    assert plan.kv == kv > 0
+
+
+def test_memory_refusal_names_the_numbers_and_builds_nothing(monkeypatch) -> None:
+    model = peft.get_peft_model(_tiny(19), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _prompts(19)
+    _fake_gpu(monkeypatch, free=100 * 2**20, reserved=300 * 2**20, allocated=200 * 2**20)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True)
+    with pytest.raises(fastgen.FastgenMemoryError) as info:
+        engine.generate(ids, mask, 5, fastgen.Sampling(do_sample=False))
+    msg = info.value.message
+    assert "not enough free GPU memory" in msg and "KV cache" in msg and "3 x 128 tokens" in msg
+    assert "device free 0.10" in msg and "cached by torch 0.10" in msg and "usable 0.20 GiB" in msg
+    assert engine.decoder is None and not engine._caches  # refused before allocating anything
+
+
+def test_memory_refusal_through_the_hook_falls_back_with_the_reason(monkeypatch, capsys) -> None:
+    model = _tiny(20)
+    ids, mask = _prompts(20)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    _fake_gpu(monkeypatch, free=2**30)  # below the 2 GiB margin alone
+    fastgen.install(model, compile=False, memory_check=True)
+    got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ref, got)
+    assert "FastgenMemoryError" in (fastgen.failure(model) or "")
+    assert "usable 1.00 GiB" in capsys.readouterr().err
+
+
+def test_memory_that_fits_is_accepted_and_checked_again_only_for_new_shapes(monkeypatch) -> None:
+    model = _tiny(21)
+    ids, mask = _prompts(21)
+    seen = _fake_gpu(monkeypatch, free=64 * 2**30)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True)
+    engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
+    engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
+    assert len(seen) == 1  # same shape: the cache exists, nothing new to allocate
+    engine.generate(ids[:2], mask[:2], 4, fastgen.Sampling(do_sample=False))
+    assert len(seen) == 2 and engine.last_plan is not None and engine.last_plan.shadow == 0
+
+
+def test_generation_inside_inference_mode_and_autocast_is_unchanged() -> None:
+    """Unsloth's GRPO trainer generates under torch.inference_mode() and autocast; fastgen's tokens must be the
+    ones of the model's own dtype, and its cache must stay usable on the next call outside inference mode."""
+    model = peft.get_peft_model(_tiny(22), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(22)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fastgen.generate(model, ids.clone(), mask.clone(), 8, do_sample=False, pad_token_id=0, compile=False)
+    assert torch.equal(ref, got)
+    again = fastgen.generate(model, ids, mask, 8, do_sample=False, pad_token_id=0)
+    assert torch.equal(ref, again)
+
+
+def test_left_padding_over_a_zero_pad_embedding() -> None:
+    """Pad token 0 embeds to zero (nn.Embedding padding_idx; Unsloth also zeroes an untied pad row), so the keys
+    of row 0's padding are exactly zero. transformers 4.57's StaticCache.get_seq_length counts non-zero key slots
+    of row 0: without an explicit cache_position, decode wrote over the prompt there (tokens diverged after the
+    first)."""
+    torch.manual_seed(23)
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True,
+                                   max_position_embeddings=512, pad_token_id=0, initializer_range=0.2)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()  # larger init: tokens depend on the context, not one repeat
+    assert not model.get_input_embeddings().weight[0].any()
+    ids, mask = _prompts(23)
+    assert mask[0, 0] == 0  # row 0 is left-padded
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False)
+    assert torch.equal(ref, got)

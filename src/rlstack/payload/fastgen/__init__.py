@@ -6,6 +6,8 @@ Use from a trainer::
     fastgen.install(trainer.model)      # after GRPOTrainer(...) is built; TRL's model.generate now runs fastgen
 
 or call ``fastgen.generate(model, input_ids, attention_mask, max_new_tokens, generation_config=...)`` directly.
+The hook falls back to the model's own generate, once and for the rest of the run, on any failure of the fast
+path (the reason is printed); a direct ``fastgen.generate`` call raises instead.
 Importing this package does not import torch.
 """
 
@@ -14,24 +16,37 @@ from __future__ import annotations
 from rlstack.payload.fastgen.engine import (
     FastGenerator,
     FastgenError,
+    FastgenMemoryError,
+    MemoryPlan,
     Sampling,
+    check_memory,
     generate,
     get_engine,
+    plan_memory,
+    resolve_generation_config,
     sample_next,
     sampling_from_generation_config,
+    sampling_from_resolved,
 )
-from rlstack.payload.fastgen.hook import install, install_on_trainer, installed, uninstall
+from rlstack.payload.fastgen.hook import failure, install, install_on_trainer, installed, uninstall
 
 __all__ = [
     "FastGenerator",
     "FastgenError",
+    "FastgenMemoryError",
+    "MemoryPlan",
     "Sampling",
+    "check_memory",
+    "failure",
     "generate",
     "get_engine",
     "install",
     "install_on_trainer",
     "installed",
+    "plan_memory",
+    "resolve_generation_config",
     "sample_next",
     "sampling_from_generation_config",
+    "sampling_from_resolved",
     "uninstall",
 ]

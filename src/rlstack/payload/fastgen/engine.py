@@ -11,7 +11,13 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
 * The KV cache is a transformers ``StaticCache`` sized to a bucketed length, so every decode step has the same
   shapes and ``torch.compile(mode="reduce-overhead")`` replays one CUDA graph per step.
 * Sampling reproduces transformers' default logits warpers (min_new_tokens, temperature, top-k, top-p, min-p) in
-  eager torch on the float32 logits, so the distribution is the one TRL samples from.
+  eager torch on the float32 logits, so the distribution is the one TRL samples from; the generation config is
+  resolved by the model's own ``_prepare_generation_config``, so transformers 4.57 and 5.x each get their own rules.
+* Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
+  shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
+  trained tensors (``patched_members``, ``shadow_class``).
+* Nothing is allocated before a memory check: the shadow's and the cache's bytes (``plan_memory``) against free
+  GPU memory, refusing with the numbers (``FastgenMemoryError``) when they do not fit with a margin.
 
 Everything heavy is imported inside functions: ``import rlstack.payload.fastgen`` must stay cheap.
 """
@@ -52,34 +58,75 @@ _UNSUPPORTED_IF_SET = {
     "num_beam_groups": 1,
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
     "num_return_sequences": 1,
     "typical_p": 1.0,
     "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0,
     "encoder_repetition_penalty": 1.0,
     "length_penalty": 1.0,
+    "min_length": 0,
+    "remove_invalid_values": False,
 }
 _UNSUPPORTED_IF_NOT_NONE = ("bad_words_ids", "force_words_ids", "suppress_tokens", "begin_suppress_tokens",
                             "sequence_bias", "guidance_scale", "watermarking_config", "stop_strings",
                             "assistant_model", "prompt_lookup_num_tokens", "forced_bos_token_id",
-                            "forced_eos_token_id", "exponential_decay_length_penalty", "max_time")
+                            "forced_eos_token_id", "exponential_decay_length_penalty", "max_time", "top_h")
 
 
-def sampling_from_generation_config(gc: Any, model: Any = None) -> tuple[Sampling, int]:
-    """Resolve a transformers GenerationConfig the way ``generate`` would (None fields take the model's then the
-    global defaults, e.g. TRL's ``top_k=None`` becomes 50) and return (Sampling, max_new_tokens).
+def resolve_generation_config(gc: Any, model: Any = None, **kwargs: Any) -> Any:
+    """The GenerationConfig ``model.generate(generation_config=gc, **kwargs)`` would run with.
 
-    Raises FastgenError for anything fastgen does not implement, so callers can fall back to ``generate``.
+    Why not merge the configs ourselves: the rule differs between transformers versions, and getting it wrong
+    changes what is sampled. transformers 5 fills only the fields the caller left None, from the model's config and
+    then from global defaults (TRL's ``top_k=None`` becomes 50). transformers 4.57 keeps the caller's values and
+    replaces only those still equal to the global default by the model's (``top_k=None`` stays None: no top-k);
+    its ``GenerationConfig.update`` has no ``defaults_only`` and overwrote every field, which is how fastgen lost
+    TRL's max_new_tokens there. So ask the model: its own ``_prepare_generation_config`` (present in both, called
+    by ``generate`` itself). Without a model (or one lacking it), fill the None fields, as transformers 5 does.
+    kwargs that are not generation options raise FastgenError.
     """
     import copy
 
-    gc = copy.deepcopy(gc)
+    prepare = getattr(model, "_prepare_generation_config", None) if model is not None else None
+    if callable(prepare):
+        resolved, unused = prepare(gc, **kwargs)
+        if unused:
+            raise FastgenError(f"fastgen does not take generate arguments {sorted(unused)}", "")
+        return resolved
+    if gc is None:
+        from transformers import GenerationConfig
+
+        gc = GenerationConfig()
+    resolved = copy.deepcopy(gc)
     model_gc = getattr(model, "generation_config", None)
-    if model_gc is not None:
-        gc.update(**model_gc.to_dict(), defaults_only=True, allow_custom_entries=True)
-    defaults_fn = getattr(type(gc), "_get_default_generation_params", None)
+    fills: list[dict[str, Any]] = [model_gc.to_dict()] if model_gc is not None else []
+    defaults_fn = getattr(type(resolved), "_get_default_generation_params", None)
     if defaults_fn is not None:
-        gc.update(**defaults_fn(), defaults_only=True)
+        fills.append(defaults_fn())
+    for fill in fills:
+        for key, value in fill.items():
+            if not key.startswith("_") and getattr(resolved, key, None) is None:
+                setattr(resolved, key, value)
+    unused = {k for k in kwargs if not hasattr(resolved, k)}
+    if unused:
+        raise FastgenError(f"fastgen does not take generate arguments {sorted(unused)}", "")
+    for key, value in kwargs.items():
+        setattr(resolved, key, value)
+    return resolved
+
+
+def sampling_from_generation_config(gc: Any, model: Any = None, **kwargs: Any) -> tuple[Sampling, int]:
+    """Resolve a GenerationConfig (plus generate kwargs) exactly as ``model.generate`` would
+    (``resolve_generation_config``) and return (Sampling, max_new_tokens).
+
+    Raises FastgenError for anything fastgen does not implement, so callers can fall back to ``generate``.
+    """
+    return sampling_from_resolved(resolve_generation_config(gc, model, **kwargs))
+
+
+def sampling_from_resolved(gc: Any) -> tuple[Sampling, int]:
+    """(Sampling, max_new_tokens) of an already resolved GenerationConfig (see resolve_generation_config)."""
     for name, off in _UNSUPPORTED_IF_SET.items():
         value = getattr(gc, name, None)
         if value is not None and value != off:
@@ -90,7 +137,8 @@ def sampling_from_generation_config(gc: Any, model: Any = None) -> tuple[Samplin
             raise FastgenError(f"fastgen does not implement generation option {name}",
                                "use model.generate for this configuration")
     if gc.max_new_tokens is None:
-        raise FastgenError("fastgen needs max_new_tokens", "set max_new_tokens in the generation config")
+        raise FastgenError("fastgen needs max_new_tokens (the resolved generation config has none)",
+                           "set max_new_tokens in the generation config")
     eos = gc.eos_token_id
     eos_ids: tuple[int, ...] = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
     pad = gc.pad_token_id if gc.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
@@ -183,12 +231,159 @@ def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def _is_quantized(module: Any) -> bool:
+    """A bitsandbytes 4-bit / 8-bit linear layer (its weight is packed: it cannot be shared with a dense model)."""
+    return type(getattr(module, "weight", None)).__name__ in ("Params4bit", "Int8Params")
+
+
+# Pristine copies of modeling modules, by original module name (see _pristine_module), and the way back.
+_PRISTINE: dict[str, Any] = {}
+_PRISTINE_ORIGIN: dict[str, str] = {}
+
+
+def patched_members(module: Any) -> list[str]:
+    """What was replaced in a transformers modeling module after it was imported: classes defined in its source
+    whose name now points at a class from elsewhere, and methods of its classes that come from another module.
+
+    Why: Unsloth patches the model classes themselves when it loads a model (FastQwen3Model.pre_patch sets
+    ``Qwen3ForCausalLM.forward``, ``Qwen3Model.forward``, ``Qwen3DecoderLayer.forward``, ``Qwen3Attention.forward``
+    to its own kernels, whose inference path keeps its own KV layout and cannot take a StaticCache, and rebinds
+    ``modeling_qwen3.Qwen3RotaryEmbedding`` to its own rotary class). A shadow built from those classes would run
+    Unsloth's code, not transformers'. An untouched module returns [] (decorators keep ``__module__``).
+    """
+    import re
+    import types
+    from pathlib import Path
+
+    name = module.__name__
+    package = name.split(".")[0]
+    try:
+        source = Path(module.__file__).read_text(encoding="utf-8")
+    except (OSError, TypeError):
+        return []
+
+    def foreign(origin: str | None) -> bool:  # transformers' own decorators (hub_kernels) are not patches
+        return origin is not None and origin.split(".")[0] != package
+
+    out = []
+    for cls_name in re.findall(r"^class (\w+)\b", source, flags=re.MULTILINE):
+        obj = getattr(module, cls_name, None)
+        if not isinstance(obj, type):
+            continue
+        if foreign(obj.__module__):
+            out.append(f"{cls_name} -> {obj.__module__}.{obj.__qualname__}")
+            continue
+        for attr, fn in vars(obj).items():
+            if isinstance(fn, types.FunctionType) and foreign(fn.__module__):
+                out.append(f"{cls_name}.{attr} -> {fn.__module__}")
+    return out
+
+
+def _pristine_module(name: str) -> Any:
+    """A fresh execution of the modeling module ``name`` from its source file: the classes exactly as transformers
+    wrote them, whatever was patched into the imported module since. It is registered as a sibling module
+    (``<package>._rlstack_fastgen_pristine_<leaf>``) so its relative imports resolve to the same transformers
+    package; it shares everything else (configs, cache classes, attention registries) with the live one.
+
+    Module-level functions that Unsloth wraps and keeps the originals of (``masking_utils.create_causal_mask``
+    under ``_unsloth_original_create_causal_mask``: a torch.compile'd wrapper) are bound back to the originals,
+    so the shadow's compiled decode step does not nest another compiled function."""
+    import importlib.util
+    import sys
+
+    cached = _PRISTINE.get(name)
+    if cached is not None:
+        return cached
+    original = sys.modules[name]
+    package, _, leaf = name.rpartition(".")
+    new_name = f"{package}._rlstack_fastgen_pristine_{leaf}"
+    spec = importlib.util.spec_from_file_location(new_name, original.__file__)
+    if spec is None or spec.loader is None:
+        raise FastgenError(f"fastgen: cannot re-read the source of {name}", "grpo.fast_generation=false")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[new_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[new_name]
+        raise
+    try:
+        import transformers.masking_utils as masking_utils
+
+        for attr in list(vars(module)):
+            kept = getattr(masking_utils, f"_unsloth_original_{attr}", None)
+            if kept is not None:
+                setattr(module, attr, kept)
+    except ImportError:  # pragma: no cover - transformers without masking_utils (< 4.53)
+        pass
+    _PRISTINE[name] = module
+    _PRISTINE_ORIGIN[new_name] = name
+    return module
+
+
+def _kind(cls: type) -> tuple[str, str]:
+    """(original module, qualified name) of a module class: a pristine copy's classes are the same kind as the
+    live module's classes they were copied from."""
+    return _PRISTINE_ORIGIN.get(cls.__module__, cls.__module__), cls.__qualname__
+
+
+def _params_on_meta() -> Any:
+    """Context: every parameter registered while it is active goes to the meta device (no memory), buffers stay
+    real. Why not ``torch.device("meta")`` for all: modules whose buffers the shadow cannot take from the trained
+    model (a rotary embedding Unsloth replaced by its own class) must compute their own, as the model's
+    constructor does. This is what accelerate's init_empty_weights(include_buffers=False) does; written out to
+    keep fastgen's imports to torch + transformers + peft."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def manager() -> Any:
+        original = torch.nn.Module.register_parameter
+
+        def register(module: Any, name: str, param: Any) -> None:
+            original(module, name, param)
+            if param is not None and param.device.type != "meta":
+                kept = module._parameters[name]
+                module._parameters[name] = torch.nn.Parameter(kept.to("meta"), requires_grad=kept.requires_grad)
+
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+        try:
+            yield
+        finally:
+            torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+    return manager()
+
+
+def shadow_class(model_class: type, pristine: bool | None = None) -> tuple[type, list[str]]:
+    """The class to build the shadow from, and the patches that made it a pristine copy ([] when the live class
+    is used). pristine=None: a pristine copy exactly when the class's modeling module was patched."""
+    import sys
+
+    module = sys.modules.get(model_class.__module__)
+    patches = patched_members(module) if module is not None else []
+    use_pristine = bool(patches) if pristine is None else pristine
+    if not use_pristine:
+        return model_class, []
+    copy = _pristine_module(model_class.__module__)
+    cls = getattr(copy, model_class.__name__, None)
+    if not isinstance(cls, type):
+        raise FastgenError(f"fastgen: {model_class.__name__} is not defined in {model_class.__module__}'s source",
+                           "grpo.fast_generation=false")
+    return cls, patches or ["(forced)"]
+
+
 class _Shadow:
     """A plain transformers model whose LoRA'd projections hold merged weights (``W + scale * B @ A``) and whose
     other tensors are shared with (or, where their dtype differs from the generation dtype, cast copies of) the
-    trained model. ``refresh()`` recomputes the merged weights in place, so compiled graphs stay valid."""
+    trained model. ``refresh()`` recomputes the merged weights in place, so compiled graphs stay valid.
 
-    def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True) -> None:
+    Quantized (bitsandbytes) bases are dequantized into the shadow: LoRA'd ones on every refresh (with the merge),
+    the others once (a 4-bit base is frozen). When the model's modeling module was patched (Unsloth), the shadow is
+    built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
+
+    def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None) -> None:
         import copy
 
         import torch
@@ -200,28 +395,36 @@ class _Shadow:
         config.use_cache = True
         config._attn_implementation = _register_attention() if gqa_attention else "sdpa"
         self.dtype = dtype
-        with torch.device("meta"):
-            shadow = type(lora_root)(config)
+        cls, self.patches = shadow_class(type(lora_root), pristine)
+        with _params_on_meta():
+            shadow = cls(config)
         shadow.eval()
+        device = next(p for p in lora_root.parameters()).device
         self._merged: list[tuple[Any, Any]] = []  # (lora layer, shadow weight buffer)
         self._casts: list[tuple[Any, Any]] = []  # (source tensor, cast copy)
         self._cast_by_id: dict[int, Any] = {}
+        self.own_buffers: list[str] = []  # buffers the shadow computed itself (no same-kind source)
         lora_names = {name for name, mod in lora_root.named_modules() if isinstance(mod, LoraLayer)}
-        src_modules = dict(lora_root.named_modules())
+        # remove_duplicate=False: a module registered under several names (Unsloth sets the model's one rotary
+        # embedding as self_attn.rotary_emb of every layer) must be found under each, model.rotary_emb included
+        src_modules = dict(lora_root.named_modules(remove_duplicate=False))
         for name, mod in shadow.named_modules():
             src = src_modules.get(name)
             if src is None:
                 raise FastgenError(f"fastgen: cannot map module {name} of the shadow model",
                                    "use merge_lora=False for this model")
-            if name in lora_names:
-                base = src.get_base_layer()
-                weight = base.weight
+            if name in lora_names or _is_quantized(src):
+                base = src.get_base_layer() if name in lora_names else src
                 shape = (base.out_features, base.in_features)
-                buf = torch.empty(shape, dtype=dtype, device=weight.device)
+                buf = torch.empty(shape, dtype=dtype, device=base.weight.device)
+                if name not in lora_names:  # frozen quantized base: dequantize once
+                    with torch.no_grad():
+                        buf.copy_(_dense_weight(base).reshape(shape).to(dtype))
+                else:
+                    self._merged.append((src, buf))
                 mod._parameters["weight"] = torch.nn.Parameter(buf, requires_grad=False)
                 if getattr(base, "bias", None) is not None:
                     mod._parameters["bias"] = torch.nn.Parameter(self._share(base.bias), requires_grad=False)
-                self._merged.append((src, buf))
                 continue
             for pname, param in list(mod._parameters.items()):
                 if param is None:
@@ -230,13 +433,24 @@ class _Shadow:
                 if src_param is None:
                     raise FastgenError(f"fastgen: no source for {name}.{pname}", "use merge_lora=False")
                 mod._parameters[pname] = torch.nn.Parameter(self._share(src_param), requires_grad=False)
-            for bname in list(mod._buffers):
-                src_buf = src._buffers.get(bname)
-                if src_buf is not None:
+            same_kind = _kind(type(src)) == _kind(type(mod))
+            for bname, own in list(mod._buffers.items()):
+                if own is None:
+                    continue
+                src_buf = src._buffers.get(bname) if same_kind else None
+                if src_buf is not None and src_buf.shape == own.shape and src_buf.dtype == own.dtype:
                     mod._buffers[bname] = src_buf
-            for attr, value in vars(src).items():  # plain tensor attributes, e.g. rotary original_inv_freq
-                if isinstance(value, torch.Tensor) and not attr.startswith("_") and hasattr(mod, attr):
-                    setattr(mod, attr, value)
+                else:
+                    mod._buffers[bname] = own.to(device)
+                    self.own_buffers.append(f"{name}.{bname}" if name else bname)
+            if same_kind:
+                for attr, value in vars(src).items():  # plain tensor attributes, e.g. rotary original_inv_freq
+                    if isinstance(value, torch.Tensor) and not attr.startswith("_") and hasattr(mod, attr):
+                        setattr(mod, attr, value)
+            else:
+                for attr, value in list(vars(mod).items()):
+                    if isinstance(value, torch.Tensor) and not attr.startswith("_"):
+                        setattr(mod, attr, value.to(device))
         if getattr(config, "tie_word_embeddings", False) and hasattr(shadow, "lm_head"):
             shadow.lm_head._parameters["weight"] = shadow.get_input_embeddings()._parameters["weight"]
         leftover = [n for n, p in shadow.named_parameters() if p.is_meta] + \
@@ -266,7 +480,7 @@ class _Shadow:
                 dst.copy_(src.detach())
             for layer, buf in self._merged:
                 base = layer.get_base_layer()
-                buf.copy_(_dense_weight(base).to(self.dtype))
+                buf.copy_(_dense_weight(base).reshape(buf.shape).to(self.dtype))
                 if getattr(layer, "merged", False):
                     raise FastgenError("fastgen: the LoRA adapter is merged into the base weights already",
                                        "unmerge it, or use merge_lora=False")
@@ -296,6 +510,118 @@ def _round_up(n: int, m: int) -> int:
     return ((n + m - 1) // m) * m
 
 
+# Free memory the shadow must leave: a fraction of its own estimate plus a floor. Chosen, not measured: it has
+# to absorb what the estimate leaves out (prefill activations, inductor/cuBLAS workspaces, the CUDA graph pool,
+# allocator fragmentation). The GPU benchmark records the estimate beside the measured peak (rollout_peers.py).
+MEMORY_MARGIN_FRACTION = 0.10
+MEMORY_MARGIN_BYTES = 2 * 2**30
+
+
+class FastgenMemoryError(FastgenError):
+    """The shadow or a KV cache would not fit in free GPU memory (fastgen refuses before allocating)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes fastgen is about to allocate for one (batch, cache length): ``shadow`` (merged or dequantized
+    projection weights and dtype-cast copies; 0 once built), ``kv`` (the static cache: 2 x layers x batch x KV heads
+    x head_dim x length), ``logits`` (float32 logits and the sampling warpers' copies of them)."""
+
+    shadow: int
+    kv: int
+    logits: int
+    batch: int
+    length: int
+
+    @property
+    def total(self) -> int:
+        return self.shadow + self.kv + self.logits
+
+    @property
+    def margin(self) -> int:
+        return int(self.total * MEMORY_MARGIN_FRACTION) + MEMORY_MARGIN_BYTES
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def shadow_bytes(model: Any, dtype: Any, merge_lora: bool = True) -> int:
+    """Bytes the shadow allocates for ``model`` (what it shares with the trained model costs nothing): a dense
+    ``dtype`` weight per LoRA'd projection and per quantized linear, and a cast copy of every other floating
+    tensor whose dtype differs from ``dtype`` (e.g. an fp32 embedding under PEFT's prepare_model_for_kbit_training)."""
+    import torch
+
+    if not merge_lora and _is_peft(model):
+        return 0
+    from peft.tuners.lora import LoraLayer
+
+    root = model.get_base_model() if _is_peft(model) else model
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    dense_ids: set[int] = set()
+    lora_bases = {id(mod.get_base_layer()) for mod in root.modules() if isinstance(mod, LoraLayer)}
+    for mod in root.modules():
+        if isinstance(mod, LoraLayer) or (_is_quantized(mod) and id(mod) not in lora_bases):
+            base: Any = mod.get_base_layer() if isinstance(mod, LoraLayer) else mod
+            total += int(base.out_features) * int(base.in_features) * itemsize
+            dense_ids.add(id(base.weight))  # the bias is shared or cast like any other tensor
+            dense_ids.update(id(t) for n, t in mod.named_parameters() if "lora_" in n)  # trained model only
+    seen: set[int] = set()
+    for tensor in root.parameters():
+        if id(tensor) in dense_ids or id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            total += tensor.numel() * itemsize
+    return total
+
+
+def plan_memory(model: Any, batch: int, length: int, dtype: Any, *, include_shadow: bool = True,
+                merge_lora: bool = True) -> MemoryPlan:
+    """The MemoryPlan of serving ``batch`` sequences in a cache of ``length`` tokens (see MemoryPlan)."""
+    import torch
+
+    root = model.get_base_model() if _is_peft(model) else model
+    cfg = _text_config(root.config)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    kv = 2 * int(cfg.num_hidden_layers) * batch * kv_heads * head_dim * length * itemsize
+    logits = batch * int(cfg.vocab_size) * 4 * 6  # fp32 logits, sorted copy, cumsum, softmax, masks
+    shadow = shadow_bytes(model, dtype, merge_lora) if include_shadow else 0
+    return MemoryPlan(shadow=shadow, kv=kv, logits=logits, batch=batch, length=length)
+
+
+def free_gpu_bytes(device: Any) -> tuple[int, int, int]:
+    """(usable, free on the device, cached by torch): the driver's free memory plus what torch's caching allocator
+    holds reserved but unallocated, which our allocations reuse before asking the driver."""
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = max(0, int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device)))
+    return int(free) + cached, int(free), cached
+
+
+def check_memory(plan: MemoryPlan, device: Any) -> None:
+    """Refuse (FastgenMemoryError, with the numbers) when ``plan`` plus its margin exceeds free GPU memory."""
+    usable, free, cached = free_gpu_bytes(device)
+    need = plan.total + plan.margin
+    if need <= usable:
+        return
+    gib = 2**30
+    raise FastgenMemoryError(
+        f"fastgen: not enough free GPU memory: needs {need / gib:.2f} GiB = shadow weights {plan.shadow / gib:.2f}"
+        f" + KV cache {plan.kv / gib:.2f} ({plan.batch} x {plan.length} tokens) + logits {plan.logits / gib:.2f}"
+        f" + margin {plan.margin / gib:.2f} GiB; usable {usable / gib:.2f} GiB (device free {free / gib:.2f}"
+        f" + cached by torch {cached / gib:.2f})",
+        "fewer sequences per generation (grpo.per_device_train_batch_size) or a shorter "
+        "grpo.max_completion_length, or grpo.fast_generation=false",
+    )
+
+
 class FastGenerator:
     """Generate completions for a (PEFT or plain) causal LM with a static KV cache and a compiled decode step.
 
@@ -312,9 +638,8 @@ class FastGenerator:
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
-                 compile_mode: str | None = None) -> None:
-        import torch
-
+                 compile_mode: str | None = None, memory_check: bool | None = None,
+                 pristine: bool | None = None) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -322,11 +647,19 @@ class FastGenerator:
         self.graph = graph if (self.compile and self.device.type == "cuda") else "none"
         if self.graph not in ("manual", "trees", "none"):
             raise FastgenError(f"fastgen: unknown graph mode {graph!r}", "use manual, trees or none")
+        self.compile_mode = compile_mode
         self.length_bucket = length_bucket
         self.peft = _is_peft(model)
         self.merge_lora = merge_lora and self.peft
+        self.gqa_attention = gqa_attention
+        self.pristine = pristine
+        # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
+        self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
         self._shadow: _Shadow | None = None
+        self.decoder: Any = None  # built on the first generate(), after the memory check (see _build)
+        self.patches: list[str] = []  # what made the shadow a pristine copy (Unsloth's class patches)
+        self.last_plan: MemoryPlan | None = None
         self._caches: dict[tuple[int, int], Any] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._pool: Any = None
@@ -334,24 +667,69 @@ class FastGenerator:
         self.compile_error: str | None = None
         self.graph_error: str | None = None
         self._compiled_ok = False
+        self._step: Any = None
+        self._takes_cache_position = False
+
+    def _build(self) -> None:
+        """Build the decoder (the merged shadow, or the PEFT model's base) and the compiled step, once."""
+        if self.decoder is not None:
+            return
+        model = self.model
         if self.merge_lora or not self.peft:
-            self._shadow = _Shadow(model, self.dtype, gqa_attention=gqa_attention)
+            self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine)
+            self.patches = self._shadow.patches
             self.decoder = self._shadow.model
         else:
-            self.decoder = model.get_base_model()
+            import sys
+
+            root = model.get_base_model()
+            module = sys.modules.get(type(root).__module__)
+            patched = patched_members(module) if module is not None else []
+            if patched:
+                raise FastgenError(f"fastgen: the model's classes are patched ({patched[0]}, ...): decoding through "
+                                   "them is not transformers' code", "use merge_lora=True (the default)")
+            self.decoder = root
+        import inspect
+
+        self._takes_cache_position = "cache_position" in inspect.signature(self.decoder.forward).parameters
         if self.compile:
+            import torch
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            mode = compile_mode or ("reduce-overhead" if self.graph == "trees" else None)
+            mode = self.compile_mode or ("reduce-overhead" if self.graph == "trees" else None)
             self._step = torch.compile(self._decode, mode=mode, fullgraph=False, dynamic=False)
         else:
             self._step = self._decode
 
-    def _decode(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any) -> Any:
+    def plan(self, batch: int, length: int) -> MemoryPlan:
+        """What serving ``batch`` sequences in a ``length``-token cache would allocate now (see MemoryPlan)."""
+        return plan_memory(self.model, batch, length, self.dtype, include_shadow=self.decoder is None,
+                           merge_lora=self.merge_lora or not self.peft)
+
+    def _reserve(self, batch: int, length: int) -> None:
+        """Before anything new is allocated for this shape: the memory check (on CUDA), then the build."""
+        if self.decoder is not None and (batch, length) in self._caches:
+            return
+        plan = self.plan(batch, length)
+        self.last_plan = plan
+        if self.memory_check:
+            check_memory(plan, self.device)
+        self._build()
+
+    def _decode(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
+                cache_position: Any = None) -> Any:
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           past_key_values=cache, use_cache=True)
+                           past_key_values=cache, use_cache=True, **self._cache_kwargs(cache_position))
         return out.logits[:, -1, :].float()
+
+    def _cache_kwargs(self, cache_position: Any) -> dict[str, Any]:
+        """``cache_position`` where the decoder's forward takes it (transformers 4.x). Why pass it: without it,
+        4.57 derives the write position from ``StaticCache.get_seq_length()``, which counts the non-zero key slots
+        of batch row 0; a left-padded row 0 whose pad token embeds to zero (an embedding with padding_idx, or
+        Unsloth's zeroed pad row) has zero keys there, so the count falls short and decode overwrites the prompt.
+        transformers 5 counts writes in the cache itself and its forward has no such argument."""
+        return {"cache_position": cache_position} if self._takes_cache_position else {}
 
     @staticmethod
     def _lengths(cache: Any) -> list[Any]:
@@ -360,19 +738,20 @@ class FastGenerator:
         return [layer.cumulative_length for layer in cache.layers
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
-    def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any) -> Any:
+    def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
+                     cache_position: Any = None) -> Any:
         """One decode step through the compiled function; if compilation itself fails (an unsupported model or
         torch build), fall back to eager decoding, with a warning, rather than failing the training run. The
         cache length is rolled back first because the failed call may have advanced it."""
         if not self.compile:
-            return self._decode(input_ids, attention_mask, position_ids, cache)
+            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position)
         import torch
 
         if self.graph == "trees":
             torch.compiler.cudagraph_mark_step_begin()
         snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
         try:
-            out = self._step(input_ids, attention_mask, position_ids, cache)
+            out = self._step(input_ids, attention_mask, position_ids, cache, cache_position)
             self._compiled_ok = True
             return out
         except Exception as exc:
@@ -388,12 +767,13 @@ class FastGenerator:
             self._step = self._decode
             for cur, old in zip(self._lengths(cache), snapshot or [], strict=False):
                 cur.copy_(old)
-            return self._decode(input_ids, attention_mask, position_ids, cache)
+            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position)
 
-    def _captured(self, key: tuple[int, int], cache: Any, mask: Any) -> Any:
+    def _captured(self, key: tuple[int, int], cache: Any, mask: Any, prompt_len: int) -> Any:
         """The CUDA graph of one decode step for this cache (captured on first use, right after a prefill, so the
         warm-up runs see a valid cache; their writes land in the slot the first real step overwrites, and the
-        cache length is restored). None when capture is impossible (recorded in graph_error)."""
+        cache length is restored). None when capture is impossible (recorded in graph_error). Its static inputs:
+        the token, the position and (transformers 4.x) the cache slot, all updated in place before each replay."""
         if key in self._graphs:
             return self._graphs[key]
         import torch
@@ -401,6 +781,8 @@ class FastGenerator:
         batch = key[0]
         tok = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
         pos = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
+        slot = torch.full((1,), prompt_len, dtype=torch.long, device=self.device)
+        cpos = slot if self._takes_cache_position else None
         lengths = self._lengths(cache)
         snap = [t.clone() for t in lengths]
         entry = None
@@ -411,7 +793,7 @@ class FastGenerator:
                 for _ in range(2):
                     for cur, old in zip(lengths, snap, strict=True):
                         cur.copy_(old)
-                    self._decode_step(tok, mask, pos, cache)
+                    self._decode_step(tok, mask, pos, cache, cpos)
             torch.cuda.current_stream().wait_stream(stream)
             for cur, old in zip(lengths, snap, strict=True):
                 cur.copy_(old)
@@ -420,8 +802,8 @@ class FastGenerator:
                     self._pool = torch.cuda.graph_pool_handle()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self._pool):
-                    out = self._step(tok, mask, pos, cache)
-                entry = (g, tok, pos, out)
+                    out = self._step(tok, mask, pos, cache, cpos)
+                entry = (g, tok, pos, slot, out)
         except Exception as exc:
             self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
             import logging
@@ -469,17 +851,22 @@ class FastGenerator:
             raise FastgenError("fastgen needs left-padded prompts (a row ends with padding)",
                                "tokenize with padding_side='left', as TRL does")
         total = _round_up(input_ids.shape[1] + max_new_tokens, self.length_bucket)
-        was_training = self.decoder.training
-        if self._shadow is not None:
-            self._shadow.refresh()
-        else:
-            self.decoder.eval()
-        try:
-            with torch.no_grad():
+        # Normal autograd-free mode whatever the caller runs under: Unsloth's GRPO trainer generates inside
+        # torch.inference_mode() and autocast (fp16 unless told bf16). Tensors fastgen keeps between calls (the
+        # shadow, caches, graphs) must not become inference tensors, and the shadow computes in its own dtype,
+        # as transformers' generate on a model of that dtype does.
+        with torch.inference_mode(False), torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            self._reserve(input_ids.shape[0], total)
+            was_training = self.decoder.training
+            if self._shadow is not None:
+                self._shadow.refresh()
+            else:
+                self.decoder.eval()
+            try:
                 out = self._run(input_ids, attention_mask, max_new_tokens, total, sampling, generator)
-        finally:
-            if was_training and self._shadow is None:
-                self.decoder.train()
+            finally:
+                if was_training and self._shadow is None:
+                    self.decoder.train()
         return out
 
     def _run(self, input_ids: Any, attention_mask: Any, max_new_tokens: int, total: int, sampling: Sampling,
@@ -493,11 +880,15 @@ class FastGenerator:
         positions = attention_mask.long().cumsum(-1) - 1
         positions = positions.masked_fill(attention_mask == 0, 1)
         next_pos = positions[:, -1] + 1
+        # cache slots (used where the forward takes cache_position: transformers 4.x, see _cache_kwargs)
+        slots = torch.arange(prompt_len + max_new_tokens, device=self.device)
+        step_slot = slots[prompt_len:prompt_len + 1].clone()
         out = self.decoder(input_ids=input_ids, attention_mask=full_mask, position_ids=positions,
-                           past_key_values=cache, use_cache=True, logits_to_keep=1)
+                           past_key_values=cache, use_cache=True, logits_to_keep=1,
+                           **self._cache_kwargs(slots[:prompt_len]))
         logits = out.logits[:, -1, :].float()
         del out
-        captured = self._captured((batch, total), cache, full_mask) \
+        captured = self._captured((batch, total), cache, full_mask, prompt_len) \
             if self.graph == "manual" and max_new_tokens > 1 else None
         tokens = torch.full((batch, max_new_tokens), sampling.pad_token_id, dtype=input_ids.dtype,
                             device=self.device)
@@ -516,14 +907,17 @@ class FastGenerator:
             if eos is not None and k % 16 == 15 and not bool(unfinished.any()):
                 steps_done = k + 1
                 break
+            step_slot.copy_(slots[prompt_len + k:prompt_len + k + 1])
             if captured is not None:
-                graph, tok_in, pos_in, logits_out = captured
+                graph, tok_in, pos_in, slot_in, logits_out = captured
                 tok_in.copy_(tok[:, None])
                 pos_in.copy_((next_pos + k)[:, None])
+                slot_in.copy_(step_slot)
                 graph.replay()
                 logits = logits_out
             else:
-                logits = self._decode_step(tok[:, None], full_mask, (next_pos + k)[:, None], cache)
+                logits = self._decode_step(tok[:, None], full_mask, (next_pos + k)[:, None], cache,
+                                           step_slot if self._takes_cache_position else None)
         tokens = tokens[:, :steps_done]
         if eos is not None and steps_done > 0:
             # like generate: stop at the step where the last row finished
@@ -535,8 +929,16 @@ class FastGenerator:
 
 
 def _generation_dtype(model: Any) -> Any:
+    """The dtype the shadow computes in: a quantized model's compute dtype (bitsandbytes ``compute_dtype``), else
+    bf16 / fp16 when the model holds any, else its first floating dtype. Why the compute dtype first: PEFT's
+    prepare_model_for_kbit_training casts every unquantized tensor of a QLoRA model to float32 (norms,
+    embeddings), which would otherwise make a float32 shadow: twice the memory and bandwidth of the bf16 model."""
     import torch
 
+    for mod in model.modules():
+        compute = getattr(mod, "compute_dtype", None)
+        if _is_quantized(mod) and isinstance(compute, torch.dtype):
+            return compute
     dtypes = [p.dtype for p in model.parameters() if p.is_floating_point()]
     if torch.bfloat16 in dtypes:
         return torch.bfloat16

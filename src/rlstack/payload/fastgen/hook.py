@@ -2,18 +2,34 @@
 
 TRL 0.24 generates with ``unwrapped_model.generate(**inputs, generation_config=..., disable_compile=True)`` where
 ``unwrapped_model`` is the very PEFT model object the trainer holds. Setting an instance attribute ``generate`` on
-that object reroutes exactly that call; anything fastgen cannot serve (beam search, repetition penalty, ...) falls
-through to the original method, so behaviour never silently changes.
+that object reroutes exactly that call. Under Unsloth the same holds: Unsloth replaces ``generate`` on the *base*
+model (``unsloth_fast_generate``, reached through PeftModel.generate), and its GRPO trainer wraps the PEFT model's
+``generate`` attribute for the duration of a generation and puts it back afterwards, so the hook on the PEFT model
+is what runs and Unsloth's generate is not called (it stays the fallback).
+
+Fallback, once: the first exception of any kind in the fast path (an option fastgen does not implement, a shadow
+that cannot be built, not enough GPU memory, a compile or CUDA error) prints its reason once, frees the engine
+and sends this and every later call of the run to the original ``generate``. Why not retry: each retry would
+rebuild the shadow (seconds, and gigabytes) to fail the same way, every step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from typing import Any
 
-from rlstack.payload.fastgen.engine import FastgenError, get_engine, sampling_from_generation_config
+from rlstack.payload.fastgen.engine import (
+    ENGINE_ATTR,
+    FastgenError,
+    get_engine,
+    resolve_generation_config,
+    sampling_from_resolved,
+)
 
 _ORIGINAL_ATTR = "_rlstack_fastgen_original_generate"
+_FAILED_ATTR = "_rlstack_fastgen_failed"
 log = logging.getLogger(__name__)
 
 
@@ -21,18 +37,19 @@ def install(model: Any, **engine_options: Any) -> Any:
     """Make ``model.generate`` use fastgen (engine built lazily on the first call). Returns the model.
 
     engine_options: compile (default: on CUDA), merge_lora (default True), length_bucket (128),
-    compile_mode ("reduce-overhead").
+    compile_mode, graph ("manual"), memory_check (default: on CUDA), pristine (default: when patched).
     """
     if installed(model):
         return model
-    original = model.generate  # bound method of the class
+    original = model.generate  # bound method of the class (under Unsloth: PeftModel.generate -> Unsloth's)
 
     def fast_generate(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return _serve(model, original, engine_options, args, kwargs)
-        except FastgenError as exc:
-            log.warning("fastgen: falling back to model.generate: %s", exc)
-            return original(*args, **kwargs)
+        if failure(model) is None:
+            try:
+                return _serve(model, engine_options, args, kwargs)
+            except Exception as exc:
+                _mark_failed(model, exc)
+        return original(*args, **kwargs)
 
     object.__setattr__(model, _ORIGINAL_ATTR, original)
     object.__setattr__(model, "generate", fast_generate)
@@ -50,19 +67,40 @@ def installed(model: Any) -> bool:
     return _ORIGINAL_ATTR in vars(model)
 
 
+def failure(model: Any) -> str | None:
+    """Why fastgen stopped serving this model for the rest of the run (None while it serves)."""
+    return vars(model).get(_FAILED_ATTR)
+
+
 def uninstall(model: Any) -> None:
-    """Restore the class's generate (the engine and its caches are dropped with it)."""
+    """Restore the class's generate (the engine and its caches are dropped with it, the failure mark too)."""
     if not installed(model):
         return
     del model.__dict__["generate"]
     del model.__dict__[_ORIGINAL_ATTR]
-    model.__dict__.pop("_rlstack_fastgen_engine", None)
+    model.__dict__.pop(ENGINE_ATTR, None)
+    model.__dict__.pop(_FAILED_ATTR, None)
 
 
-def _serve(model: Any, original: Any, options: dict[str, Any], args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> Any:
-    import copy
+def _mark_failed(model: Any, exc: BaseException) -> None:
+    """Record the failure, drop the engine (its shadow, caches and CUDA graphs hold GPU memory the original
+    generate may need) and say so once, on stderr, where the trainer's progress lines go."""
+    reason = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, FastgenError):  # an unexpected failure: keep its traceback in the log
+        log.warning("fastgen failed", exc_info=exc)
+    object.__setattr__(model, _FAILED_ATTR, reason)
+    model.__dict__.pop(ENGINE_ATTR, None)
+    with contextlib.suppress(Exception):  # freeing cached memory is best effort; the fallback must still run
+        import torch
 
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    one_line = " ".join(reason.split())
+    print(f"rlstack fastgen: falling back to the model's own generate for the rest of this run: {one_line[:1500]}",
+          file=sys.stderr, flush=True)
+
+
+def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     kwargs = dict(kwargs)
     kwargs.pop("disable_compile", None)
     input_ids = kwargs.pop("input_ids", args[0] if args else None)
@@ -71,13 +109,8 @@ def _serve(model: Any, original: Any, options: dict[str, Any], args: tuple[Any, 
     gc = kwargs.pop("generation_config", None)
     if input_ids is None or (args and len(args) > 1):
         raise FastgenError("fastgen needs input_ids (and optionally attention_mask) as keywords", "")
-    gc = copy.deepcopy(model.generation_config) if gc is None else copy.deepcopy(gc)
-    generation_fields = {k: v for k, v in kwargs.items() if hasattr(gc, k)}
-    others = set(kwargs) - set(generation_fields) - {"use_cache", "return_dict_in_generate"}
-    if others:
-        raise FastgenError(f"fastgen does not take generate arguments {sorted(others)}", "")
-    gc.update(**generation_fields)
-    if gc.return_dict_in_generate or gc.output_scores or gc.output_logits:
+    resolved = resolve_generation_config(gc, model, **kwargs)
+    if resolved.return_dict_in_generate or resolved.output_scores or resolved.output_logits:
         raise FastgenError("fastgen returns plain token tensors only", "")
-    sampling, max_new_tokens = sampling_from_generation_config(gc, model)
+    sampling, max_new_tokens = sampling_from_resolved(resolved)
     return get_engine(model, **options).generate(input_ids, attention_mask, max_new_tokens, sampling, generator)

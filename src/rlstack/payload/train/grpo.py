@@ -127,6 +127,11 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         remove_unused_columns=False,
         dataloader_num_workers=0,
         dataloader_pin_memory=on_gpu,
+        # On the CPU, say so: under a multi-process launcher (torchrun, accelerate launch) transformers then sets
+        # up CPU data parallelism (gloo); without it, a machine with a CUDA torch and no GPU trains every process
+        # alone, each believing it is rank 0.
+        use_cpu=not on_gpu,
+        ddp_find_unused_parameters=False,  # every LoRA weight takes part in each forward: skip DDP's extra search
     )
 
 
@@ -217,13 +222,27 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         processing_class=loaded.tokenizer,
         callbacks=[callback, checkpoints.make_seal_callback()],
     )
-    if recipe.grpo.fast_generation and loaded.device == "cuda" and not loaded.loader.startswith("unsloth"):
-        # Measured on an H200 (bench/results/grpo_step.json): 9.9x faster GRPO steps at the recipe's shape.
-        # Not under Unsloth (it patches generation itself) or vLLM rollouts; CPU keeps TRL's generate.
-        from rlstack.payload import fastgen
+    if recipe.grpo.fast_generation:
+        # Measured on an H200 (bench/results/grpo_step.json): 9.9x faster GRPO steps at the recipe's shape with the
+        # transformers loader. Under Unsloth (the portable default) the shadow is built from transformers' own
+        # classes (Unsloth patches the model's), and TRL's generate call reaches fastgen before Unsloth's generate.
+        # Off where TRL never calls generate (vLLM rollouts) and on the CPU (the speed is CUDA graphs'). Whenever
+        # it is off, or falls back later (fastgen prints that once), the reason is on stderr.
+        if config.use_vllm:
+            fastgen_off = "vLLM generates the rollouts (--fp8 or grpo.vllm_mode)"
+        elif loaded.device != "cuda":
+            fastgen_off = f"no CUDA device (the model is on {loaded.device}); TRL's generate is used"
+        else:
+            fastgen_off = ""
+        if fastgen_off:
+            print(f"rlstack train: grpo.fast_generation = true, but fastgen is off: {fastgen_off}", file=sys.stderr)
+        else:
+            from rlstack.payload import fastgen
 
-        fastgen.install_on_trainer(trainer)
-        print("rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true)", file=sys.stderr)
+            fastgen.install_on_trainer(trainer)
+            print(f"rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true, loader "
+                  f"{loaded.loader}); on any failure it falls back to the model's generate for the rest of the run, "
+                  "saying why", file=sys.stderr)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our progress line replaces the raw log dicts

@@ -57,12 +57,18 @@ def torch_dtype(name: str) -> Any:
 
 
 def resolve_base(spec: ModelSpec) -> tuple[str, str]:
-    """(what to load: hub id or folder, the id recorded as base_model)."""
+    """(what to load: hub id or folder, the id recorded as base_model). 'tiny' and 'embedded:<key>' are built
+    or fetched into a local folder first; the recorded id names them, not the folder, so evaluation finds the
+    same base on another machine."""
     if spec.name == "tiny":
         from rlstack.payload import tiny
 
         assert spec.tiny is not None
         return str(tiny.ensure(spec.tiny)), tiny.model_id(spec.tiny)
+    from rlstack.payload import embedded
+
+    if embedded.is_embedded(spec.name):
+        return str(embedded.ensure(spec.name)), embedded.lookup(spec.name).name
     return spec.name, spec.name
 
 
@@ -117,6 +123,7 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
                 "run 'invoke probe-fp8' to classify the wall; train without --fp8 for the portable path",
             ) from exc
         raise
+    layers = top_layers(model, lora)
     model = FastLanguageModel.get_peft_model(
         model,
         r=lora.r,
@@ -125,6 +132,7 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
         target_modules=lora.target_modules,
         use_gradient_checkpointing="unsloth" if gc else False,
         random_state=seed,
+        **({"layers_to_transform": layers} if layers is not None else {}),
     )
     return Loaded(model, tokenizer, base_id, "unsloth-fp8" if fp8 else "unsloth", "cuda")
 
@@ -165,6 +173,18 @@ def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str,
     return model, tokenizer, loader, "cuda" if on_gpu else "cpu"
 
 
+def top_layers(model: Any, lora: LoraSpec) -> list[int] | None:
+    """The indices of the last lora.top_layers decoder layers (None: every layer)."""
+    if lora.top_layers is None:
+        return None
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    total = int(config.num_hidden_layers)
+    if lora.top_layers > total:
+        raise ModelLoadError(f"lora.top_layers = {lora.top_layers}, but the model has {total} layers",
+                             f"set lora.top_layers to at most {total}, or remove it to adapt every layer")
+    return list(range(total - lora.top_layers, total))
+
+
 def _load_transformers(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *, gc: bool) -> Loaded:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
@@ -177,7 +197,7 @@ def _load_transformers(target: str, base_id: str, spec: ModelSpec, lora: LoraSpe
         raise ModelLoadError(f"none of the LoRA target modules {lora.target_modules} exist in {target}",
                              f"set lora.target_modules to some of: {', '.join(sorted(present)[:30])}")
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                        task_type="CAUSAL_LM", bias="none")
+                        task_type="CAUSAL_LM", bias="none", layers_to_transform=top_layers(model, lora))
     if gc and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
     model = get_peft_model(model, config)

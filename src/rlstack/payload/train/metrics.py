@@ -96,7 +96,11 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
     return MetricsCallback()
 
 
+STYLES = [("tab:orange", "--", "o"), ("tab:green", ":", "s"), ("tab:red", "-.", "^"), ("tab:purple", "--", "D")]
+
+
 def plot_rewards(metrics_path: Path, png: Path, reward_names: list[str], title: str) -> Path | None:
+    """Write the reward curve (reward_figure) of a run's history to `png`; None when there is no history."""
     rows = read_rows(metrics_path)
     if not rows:
         return None
@@ -105,21 +109,45 @@ def plot_rewards(metrics_path: Path, png: Path, reward_names: list[str], title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in rows]
-    ax.plot(steps, [r["reward"] for r in rows], label="total reward", linewidth=2)
-    for name in reward_names:
-        if all(name + "_mean" in r for r in rows):
-            ax.plot(steps, [r[name + "_mean"] for r in rows], label=name, alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig = reward_figure(rows, reward_names, title)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def reward_figure(rows: list[dict[str, Any]], reward_names: list[str], title: str) -> Any:
+    """The total reward on its own panel, each reward below it in its own colour, dash and marker.
+
+    Two panels because the total is the sum of the rewards: when one of them stays at 0 the total lies exactly
+    on the other and, drawn on one axis, hides it. Each legend entry carries the reward's mean over the first
+    and the last steps (summarize's window), so the change reads without the axis."""
+    import matplotlib.pyplot as plt
+
+    summary = summarize(rows, reward_names)
+
+    def label(name: str, key: str) -> str:
+        first, last = summary.get(f"{key}_first"), summary.get(f"{key}_last")
+        return f"{name}: {first:.2f} -> {last:.2f}" if first is not None and last is not None else name
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), sharex=True)
+    steps = [r["step"] for r in rows]
+    top.plot(steps, [r["reward"] for r in rows], color="tab:blue", linewidth=2, marker="o", markersize=3,
+             label=label("total reward", "reward"))
+    top.set_ylabel("total reward")
+    for i, name in enumerate(reward_names):
+        if all(name + "_mean" in r for r in rows):
+            color, dash, marker = STYLES[i % len(STYLES)]
+            bottom.plot(steps, [r[name + "_mean"] for r in rows], color=color, linestyle=dash, marker=marker,
+                        markersize=4, linewidth=1.6, label=label(name, name + "_mean"))
+    bottom.set_ylabel("mean reward")
+    bottom.set_xlabel("step")
+    top.set_title(f"{title}\n(legend: mean of the first -> the last {summary.get('window', 1)} steps)", fontsize=10)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="best", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5) -> dict[str, Any]:
