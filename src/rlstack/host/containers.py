@@ -40,6 +40,11 @@ PASS_ENV = (*SECRET_ENV, "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"
             "CUDA_VISIBLE_DEVICES")
 # Flags of `rlstack train/eval` whose value may be a file on the host: mounted read-only, path rewritten.
 FILE_FLAGS = ("--recipe", "--data")
+# NCCL between processes of one host: warnings (not the INFO flood) in the log, and no InfiniBand probe, since
+# no hop leaves the machine. NCCL picks P2P/NVLink and shared memory inside a container, sockets between two.
+NCCL_ONE_HOST = (("NCCL_DEBUG", "WARN"), ("NCCL_IB_DISABLE", "1"))
+# NCCL's shared-memory transport and vLLM's workers live in /dev/shm; Docker's 64 MB default stalls them.
+MULTI_GPU_SHM = "16g"
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ class Volumes:
 class RunSpec:
     image: str
     argv: tuple[str, ...]  # arguments to the image's entrypoint (`rlstack`)
-    gpus: bool = False
+    gpus: bool = False  # every GPU of the host (`--gpus all`), unless gpu_ids names some
+    gpu_ids: tuple[int, ...] = ()  # these host GPUs only, in this order (cuda:0 inside is the first)
     adapters_read_only: bool = False
     volumes: Volumes | None = field(default_factory=Volumes)  # None: no volume at all (checking an image)
     env_names: tuple[str, ...] = ()  # passed by name: docker reads the values from our environment
@@ -113,7 +119,9 @@ def run_command(spec: RunSpec, exe: str = "docker") -> list[str]:
     if spec.read_only_root:
         cmd += ["--read-only", "--tmpfs", "/tmp:rw,exec,nosuid,nodev,mode=1777",
                 "--tmpfs", f"{USER_HOME}:rw,exec,nosuid,nodev,uid=1000,gid=1000,mode=0700"]
-    if spec.gpus:
+    if spec.gpu_ids:  # the value is CSV to docker: a list of devices has to be quoted inside it
+        cmd += ["--gpus", '"device=' + ",".join(str(i) for i in spec.gpu_ids) + '"']
+    elif spec.gpus:
         cmd += ["--gpus", "all"]
     if spec.volumes is not None:
         adapters_opt = ":ro" if spec.adapters_read_only else ""
@@ -150,10 +158,30 @@ def spec_for(stack: Stack, image: str, argv: Sequence[str], *, adapters_read_onl
                    env=((PATH_MAP_ENV, json.dumps(shown, sort_keys=True)),))
 
 
+def accelerate_launch(processes: int) -> list[str]:
+    """`accelerate launch` arguments for `processes` training processes on this container's GPUs, running
+    `rlstack train` as a module (the image's entrypoint is `rlstack`; the launcher needs a module or script).
+    Every setting is on the command line, so no accelerate config file is read or needed."""
+    multi = ["--multi_gpu"] if processes > 1 else []
+    return ["launch", "--num_processes", str(processes), "--num_machines", "1", *multi,
+            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "rlstack.cli"]
+
+
+def ddp_spec(stack: Stack, image: str, argv: Sequence[str], gpus: int, *,
+             environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> RunSpec:
+    """`rlstack <argv>` (train) as `gpus` processes, one per GPU (data parallel: each takes its share of every
+    batch; rank 0 alone writes the run files and the adapter), on the host's first `gpus` GPUs."""
+    from dataclasses import replace
+
+    spec = spec_for(stack, image, [*accelerate_launch(gpus), *argv], entrypoint="accelerate", environ=environ,
+                    cwd=cwd)
+    return replace(spec, gpu_ids=tuple(range(gpus)), shm_size=MULTI_GPU_SHM, env=(*spec.env, *NCCL_ONE_HOST))
+
+
 def run(spec: RunSpec, *, capture: bool = False) -> int:
     """Start the container (checking the engine and, for GPU stacks, the NVIDIA runtime first)."""
     info = engine.engine_info()
-    if spec.gpus:
+    if spec.gpus or spec.gpu_ids:
         engine.require_nvidia_runtime(info)
     return runner.run(run_command(spec, engine.client()), check=False, capture=capture).returncode
 

@@ -3,6 +3,7 @@ re-run it by hand), and a missing executable becomes an RlstackError that says w
 
 from __future__ import annotations
 
+import collections
 import os
 import shlex
 import shutil
@@ -57,3 +58,22 @@ def run(
             f"command failed with exit code {proc.returncode}: {shlex.join(cmd)}" + (f"\n{detail}" if detail else "")
         )
     return proc
+
+
+def run_tee(cmd: Sequence[str], *, keep: int = 400, env: Mapping[str, str] | None = None) -> tuple[int, list[str]]:
+    """Run `cmd` with its output (stdout and stderr, merged) streamed to our stdout as it comes, and its last
+    `keep` lines returned with the exit code: for long runs whose failure is read afterwards (compose up)."""
+    echo(cmd)
+    exe = cmd[0]
+    if shutil.which(exe) is None and not os.path.exists(exe):
+        raise RlstackError(f"'{exe}' is not installed or not on PATH", _INSTALL_HINTS.get(exe))
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                          env=None if env is None else {**os.environ, **env}) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+        rc = proc.wait()
+    return rc, list(tail)
