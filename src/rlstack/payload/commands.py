@@ -20,8 +20,9 @@ Recipe = Annotated[str | None, Opt("recipe file or name in recipes/ (train: gsm8
                                    "default_recipe; eval: the adapter's own recipe)")]
 Overrides = Annotated[list[str] | None, Opt("override a recipe field, KEY=VALUE, e.g. grpo.max_steps=10 (repeatable)",
                                      flag="--set", metavar="KEY=VALUE")]
-Data = Annotated[str | None, Opt("problems: gsm8k, generated:N or a JSONL file")]
-Model = Annotated[str | None, Opt("base model: a hub id, a local folder, or 'tiny' (the recipe's tiny model)")]
+Data = Annotated[str | None, Opt("problems: gsm8k, generated:N, generated-easy:N (one small step) or a JSONL file")]
+Model = Annotated[str | None, Opt("base model: a hub id, a local folder, 'tiny' (the recipe's tiny model) or "
+                                  "'embedded:smollm2-135m' (a small pretrained model from a pinned PyPI wheel)")]
 AsJson = Annotated[bool, Opt("machine-readable output", flag="--json")]
 Output = Annotated[Path | None, Opt("output folder (default: under runs/)", in_container=True)]
 StoreRoot = Annotated[Path | None, Opt("adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
@@ -129,11 +130,12 @@ def eval_(
                       output=output)
     result = gsm8k.run(cfg)
     if json_:
-        print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=2))
+        print(json.dumps({k: v for k, v in result.items() if not k.startswith("per_question")}, indent=2))
     else:
         out = Path(result["output_dir"])
-        print(f"accuracy: {result['accuracy']:.4f} ({result['correct']}/{result['n']}), "
-              f"format reward {result['format_reward_mean']:.3f}\n"
+        print(f"accuracy: {result['accuracy']:.4f} ({result['correct']}/{result['n']})\n"
+              f"format:   {result['format_rate']:.4f} ({result['format_ok']}/{result['n']} end in a '#### <number>' "
+              f"line; format reward {result['format_reward_mean']:.3f})\n"
               f"results:  {shown(out / 'results.json')}\n"
               f"raw:      {shown(out / 'generations.jsonl')}")
     return 0
@@ -150,22 +152,38 @@ def rescore(
     return 0
 
 
-def format_compare(c: dict[str, Any]) -> str:
-    lo, hi = c["bootstrap_95_points"]
-    verdict = "significant" if c["significant_at_0.05"] else "not significant"
-    lines = [
-        f"questions:      {c['n']} paired" + (f" ({c['unpaired_questions']} unpaired ignored)"
-                                              if c["unpaired_questions"] else ""),
-        f"base:           {c['base_accuracy']:.2%} ({c['base_correct']}/{c['n']})",
-        f"tuned:          {c['tuned_accuracy']:.2%} ({c['tuned_correct']}/{c['n']})",
-        f"delta:          {c['delta_points']:+.2f} pts, bootstrap 95% CI [{lo:+.2f}, {hi:+.2f}]",
-        f"discordant:     tuned fixed {c['discordant']['tuned_only']}, broke {c['discordant']['base_only']}",
-        f"McNemar exact:  p = {c['mcnemar_exact_p']:.4g} ({verdict} at 0.05)",
-    ]
-    for label, key in (("fixed:", "fixed"), ("broken:", "broken")):
-        ids = c["flips"][key]
-        if ids:
-            lines.append(f"{label:16}" + ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else ""))
+def format_compare(c: dict[str, Any], *, flips: bool = True, sentence: bool = True) -> str:
+    """Both paired outcomes as one table (accuracy, then format), the flipped questions, and the one-sentence
+    summary last."""
+    from rlstack.core.tables import text_table
+    from rlstack.payload.evaluate.compare import summary
+
+    n = c["n"]
+    acc = {**c, "base": c["base_correct"], "tuned": c["tuned_correct"]}
+    outcomes = [("accuracy", acc)] + ([("format", c["format"])] if c.get("format") else [])
+    rows = []
+    for label, d in outcomes:
+        lo, hi = d["bootstrap_95_points"]
+        verdict = "significant" if d["significant_at_0.05"] else "not significant"
+        rows.append([label, f"{d['base'] / n:.2%} ({d['base']}/{n})", f"{d['tuned'] / n:.2%} ({d['tuned']}/{n})",
+                     f"{d['delta_points']:+.2f} pts [{lo:+.2f}, {hi:+.2f}]",
+                     f"{d['discordant']['tuned_only']} / {d['discordant']['base_only']}",
+                     f"p = {d['mcnemar_exact_p']:.4g} ({verdict} at 0.05)"])
+    lines = [f"questions: {n} paired" + (f" ({c['unpaired_questions']} unpaired ignored)"
+                                         if c["unpaired_questions"] else ""),
+             text_table(["", "base", "tuned", "delta, bootstrap 95% CI", "fixed / broke", "McNemar exact"], rows)]
+    if c.get("format") is None:
+        lines.append("format: not recorded in one of the results (written before rlstack eval kept it, and no "
+                     "generations.jsonl beside it)")
+    else:
+        lines.append("format: the answer ends with a '#### <number>' line, the format the reward trains")
+    for label, d in outcomes if flips else []:
+        for kind in ("fixed", "broken"):
+            ids = d["flips"][kind]
+            if ids:
+                lines.append(f"{kind} ({label}): " + ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else ""))
+    if sentence:
+        lines.append(summary(c))
     return "\n".join(lines)
 
 
@@ -175,7 +193,8 @@ def compare(
     iters: Annotated[int, Opt("bootstrap resamples")] = 10_000,
     json_: AsJson = False,
 ) -> int:
-    """Paired base-vs-tuned comparison: delta, exact McNemar p-value, bootstrap interval, per-question flips."""
+    """Paired base-vs-tuned comparison of accuracy and format: delta, exact McNemar p-value, bootstrap interval,
+    per-question flips, and one sentence of what changed."""
     from rlstack.payload.evaluate.compare import compare as paired
 
     c = paired(base, tuned, iters=iters)

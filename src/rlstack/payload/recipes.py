@@ -60,7 +60,8 @@ class TinySpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    name: str = Field(min_length=1, description="hub id, local path, or 'tiny' (built from [model.tiny])")
+    name: str = Field(min_length=1, description="hub id, local path, 'tiny' (built from [model.tiny]) or "
+                      "'embedded:<key>' (a small pretrained model from a pinned PyPI wheel: payload/embedded.py)")
     load_in_4bit: bool = False
     load_in_fp8: bool = False
     max_seq_length: int = Field(default=1024, gt=0)
@@ -82,6 +83,10 @@ class LoraSpec(_Strict):
     alpha: int = Field(default=32, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR))
+    top_layers: int | None = Field(
+        default=None, gt=0, description="adapt only the last N transformer layers (default: all). Backpropagation "
+        "stops at the lowest adapted layer, so the backward pass costs about N/num_layers of the full one: on a CPU "
+        "that is most of a GRPO step's training time")
 
 
 VllmMode = Literal["off", "server", "colocate"]
@@ -114,8 +119,9 @@ class GrpoSpec(_Strict):
     seed: int = 0
     fast_generation: bool = Field(
         default=True,
-        description="on CUDA with the transformers loader: rollouts through rlstack.payload.fastgen (static KV cache, "
-        "compiled decode step in a CUDA graph); off: TRL's own generate",
+        description="on CUDA with the unsloth or transformers loader: rollouts through rlstack.payload.fastgen "
+        "(static KV cache, compiled decode step in a CUDA graph); off: TRL's (or Unsloth's) own generate; "
+        "not used with vLLM rollouts",
     )
     # TRL's vLLM integration (GRPOConfig use_vllm + vllm_mode). Both modes need vllm in the trainer's own stack:
     # trl 0.24's GRPOTrainer imports it and syncs weights through vLLM's NCCL communicator.
@@ -143,7 +149,7 @@ class GrpoSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    train: str = Field(default="gsm8k", description="'gsm8k', 'generated:N' or a JSONL path")
+    train: str = Field(default="gsm8k", description="'gsm8k', 'generated:N', 'generated-easy:N' or a JSONL path")
     split: str = "train"
     n: int | None = Field(default=None, gt=0, description="use only the first n training problems (after shuffling)")
     seed: int = 0

@@ -1,4 +1,5 @@
-"""Loading problems by spec: 'gsm8k' (openai/gsm8k via `datasets`), 'generated:N', or a JSONL path.
+"""Loading problems by spec: 'gsm8k' (openai/gsm8k via `datasets`), 'generated:N' / 'generated-easy:N' (see
+data.generator for the two levels), or a JSONL path.
 
 A JSONL row needs `question` and `answer` (the answer may be a full GSM8K solution or the bare number); an `id`
 is optional. Bad rows are refused with the line number, never skipped, so a typo cannot shrink an evaluation.
@@ -16,6 +17,7 @@ from rlstack.payload.data.problems import Problem
 from rlstack.payload.extract import reference_answer
 
 GSM8K_REPO = "openai/gsm8k"
+GENERATED = {"generated": "mixed", "generated-easy": "easy"}  # data spec name -> generator level
 
 
 class DataError(RlstackError):
@@ -72,14 +74,18 @@ def load_gsm8k(split: str) -> list[Problem]:
 def load_problems(spec: str, split: str = "train", n: int | None = None, seed: int = 0,
                   shuffle: bool = False) -> list[Problem]:
     """Problems from `spec`; the first n after an optional seeded shuffle (fixed order for evaluation)."""
-    if spec.startswith("generated"):
-        _, _, count = spec.partition(":")
+    family, _, count = spec.partition(":")
+    if family in GENERATED:
         try:
             total = int(count) if count else (n or 1000)
         except ValueError:
-            raise DataError(f"data spec {spec!r}: expected generated:N with N a number") from None
+            raise DataError(f"data spec {spec!r}: expected {family}:N with N a number") from None
         # Train and test draw from disjoint seeds so an evaluation never scores training problems.
-        problems = generator.generate(total, seed=seed + (0 if split == "train" else 1_000_003))
+        problems = generator.generate(total, seed=seed + (0 if split == "train" else 1_000_003),
+                                      level=GENERATED[family])
+    elif family.startswith("generated") and not Path(spec).exists():
+        raise DataError(f"data spec {spec!r}: no such generated set",
+                        f"use one of: {', '.join(f'{name}:N' for name in GENERATED)}")
     elif spec in ("gsm8k", GSM8K_REPO):
         problems = load_gsm8k(split)
     else:

@@ -79,6 +79,10 @@ def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest
             raise EvalError(f"cannot rebuild tiny base {base_id}: the adapter's recipe describes "
                             f"{tiny.model_id(tspec)}", "evaluate with the adapter this base was trained for")
         return str(tiny.ensure(tspec)), base_id, adapter_dir, manifest, spec
+    from rlstack.payload import embedded
+
+    if embedded.is_embedded(base_id):
+        return str(embedded.ensure(base_id)), base_id, adapter_dir, manifest, spec
     return base_id, base_id, adapter_dir, manifest, spec
 
 
@@ -202,7 +206,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
     total_tokens = sum(lengths)
     timings["new_tokens_per_s"] = total_tokens / timings["generate_s"] if timings["generate_s"] else 0.0
     result = {
-        **{k: v for k, v in scored.items() if k != "per_question"},
+        **{k: v for k, v in scored.items() if not k.startswith("per_question")},
         "config": {"model": base_id, "adapter": str(adapter_dir) if adapter_dir else None,
                    "adapter_name": manifest.name if manifest else None, "backend": cfg.backend, "engine": engine,
                    "data": cfg.data, "split": cfg.split, "n_requested": cfg.n, "seed": cfg.seed,
@@ -216,10 +220,11 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "generations": gen_path.name,
         "per_question": scored["per_question"],
+        "per_question_format": scored["per_question_format"],
     }
     (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     result["output_dir"] = str(out_dir)
     print(f"rlstack eval: accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}), Wilson 95% "
-          f"[{result['wilson_95'][0]:.4f}, {result['wilson_95'][1]:.4f}] -> {out_dir / 'results.json'}",
-          file=sys.stderr)
+          f"[{result['wilson_95'][0]:.4f}, {result['wilson_95'][1]:.4f}]; format {result['format_rate']:.4f} "
+          f"({result['format_ok']}/{result['n']}) -> {out_dir / 'results.json'}", file=sys.stderr)
     return result

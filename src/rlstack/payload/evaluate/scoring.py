@@ -20,25 +20,38 @@ class EvalError(RlstackError):
     pass
 
 
+def format_ok(generation: str) -> bool:
+    """The format outcome of one answer: a complete '#### <number>' line (the format reward's full 1.0). A
+    yes/no per question, so a base and a tuned run pair up on it exactly as they do on correctness."""
+    return format_score(generation) == 1.0
+
+
 def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy, Wilson interval and how answers were found, from generation rows (re-extracting each)."""
+    """Accuracy with its Wilson interval, how answers were found, and the format rate, from generation rows
+    (re-extracting each). Both outcomes are kept per question, for the paired comparison."""
     n = len(rows)
     if n == 0:
         raise EvalError("no generations to score")
     methods: dict[str, int] = {"marker": 0, "boxed": 0, "last_number": 0, "none": 0}
     per_question: dict[str, bool] = {}
+    per_question_format: dict[str, bool] = {}
     for r in rows:
         ex = extract(r["generation"])
         r["extracted"] = format_fraction(ex.value)
         r["method"] = ex.method
         r["correct"] = ex.value is not None and ex.value == reference_answer(r["reference"])
+        r["format_ok"] = format_ok(r["generation"])
         methods[ex.method or "none"] += 1
         per_question[r["id"]] = r["correct"]
+        per_question_format[r["id"]] = r["format_ok"]
     k = sum(per_question.values())
     lo, hi = stats.wilson(k, n)
     fmt = sum(format_score(r["generation"]) for r in rows) / n
+    f = sum(per_question_format.values())
     return {"n": n, "correct": k, "accuracy": k / n, "wilson_95": [lo, hi], "answer_found_by": methods,
-            "format_reward_mean": fmt, "per_question": per_question}
+            "format_reward_mean": fmt, "format_ok": f, "format_rate": f / n,
+            "format_wilson_95": list(stats.wilson(f, n)),
+            "per_question": per_question, "per_question_format": per_question_format}
 
 
 def rescore(generations: Path, output: Path | None = None) -> dict[str, Any]:
