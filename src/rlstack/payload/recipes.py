@@ -64,6 +64,11 @@ class ModelSpec(_Strict):
                       "'embedded:<key>' (a small pretrained model from a pinned PyPI wheel: payload/embedded.py)")
     load_in_4bit: bool = False
     load_in_fp8: bool = False
+    fp8_scheme: Literal["block", "row"] = Field(
+        default="block", description="how Unsloth's load_in_fp8 quantizes the base for vLLM and training: 'block' "
+        "(vLLM's online fp8_per_block, vLLM >= 0.20; training rebuilds FP8Linear, which has a backward) or 'row' "
+        "(fp8_per_channel, vLLM >= 0.24; below that unsloth_zoo falls back to torchao, which it says can generate "
+        "but cannot backprop: zoo 2026.10.6 vllm_utils.py:2776-2810)")
     max_seq_length: int = Field(default=1024, gt=0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     loader: Literal["auto", "unsloth", "transformers"] = Field(

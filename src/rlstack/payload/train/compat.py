@@ -34,6 +34,40 @@ export_mixed_precision() -- unsloth / unsloth_zoo (2026.6.x) + transformers 5.x.
     (signature unsloth-mixed-precision-env). We export it from the trainer's bf16/fp16 flags.
     Upstream: unsloth_zoo/rl_replacements.py:799 (unsloth-zoo 2026.6.1).
 
+load_lora_outside_inference_mode() -- unsloth_zoo 2026.7.6 to 2026.10.6 + torchao Float8Tensor base weights (the fp8
+stack: load_in_fp8=True on vLLM 0.21.0, torchao 0.18.0, torch 2.11).
+    vLLM 0.21 has no online `fp8_per_channel` quantization, so for load_in_fp8=True (row-wise) zoo 2026.10.6 has vLLM
+    quantize through torchao (vllm_utils.py:2781-2811 and 4379-4392), and the training model shares vLLM's torchao
+    Float8Tensor weights, built under torch.inference_mode (convert_vllm_to_huggingface, vllm_utils.py:1928). Every
+    GRPO rollout asks zoo's load_lora (vllm_utils.py:6189, `@torch.inference_mode`) for the LoRARequest, and it
+    reads the adapter from `model.state_dict()` (vllm_utils.py:6225), which detaches every parameter; detaching a
+    Float8Tensor inside inference mode fails. Symptom, at the first rollout: `RuntimeError: Cannot set
+    version_counter for inference tensor` from torch/nn/modules/module.py _save_to_state_dict (seen on an H200 with
+    zoo 2026.7.6: bench/results/sm90/fp8-3345fbfe2076-train-4b-cast-forced.log; 2026.10.6 has the same code). We
+    rebind model.load_lora to zoo's undecorated function (its `__wrapped__`) run under torch.no_grad(), the mode zoo
+    already uses for torchao weights in get_vllm_state_dict (vllm_utils.py:1108-1115). Acts only on a model that has
+    torchao weights and whose load_lora is zoo's decorated partial. Upstream: pytorch/pytorch#170419 (view ops on
+    tensor subclasses in inference mode); remove when zoo's load_lora stops running under inference mode.
+    Why the weights are no longer inference tensors by then: the Trainer's `model.to(device)` (transformers 4.57.6
+    trainer.py:609-612) goes through Module._apply, which swaps wrapper subclasses for fresh ones made outside
+    inference mode. Reproduced on CPU (torch 2.10, torchao 0.18, Float8Tensor PerRow): state_dict() under inference
+    mode passes on the Parameter convert_vllm_to_huggingface builds, fails after `.to(device)`, and passes under
+    no_grad in both states (bench/notes.md, pre-flight reading for fp8 at 2026.10.6).
+
+mark_torchao_fp8_for_no_grad() -- unsloth 2026.10.6 with load_in_fp8=True on a local folder (symptom predicted, not
+yet seen).
+    Unsloth runs the GRPO old-logprob forwards under torch.no_grad() for a model tagged `torchao_config` and under
+    inference mode otherwise (models/_utils.py:7869-7889; rl_replacements.py:2562, 2683, 2748, 2918), because
+    aten-level views of torchao tensors fail in inference mode. from_pretrained means to tag a load_in_fp8 model
+    (models/loader.py:1860-1861), but for a local folder the fp8 mode it passes is None (it is only computed in a
+    branch get_model_name never takes, loader.py:1290-1325 and loader_utils.py:1662-1663), so the tag raises inside
+    and a bare except swallows it (loader_utils.py:1763-1773). The forward as read uses only torchao ops that stay
+    clear of aten views (W.contiguous(), W.t(), torch.matmul, dequantize), so this is a guard: should any aten view
+    of a Float8Tensor run there, the symptom would be 'Cannot set version_counter for inference tensor' inside
+    _get_per_token_logps_and_entropies. We tag the model the way Unsloth meant to, with its own
+    _tag_model_with_fp8_torchao_config(model, "row") (row: what load_in_fp8=True asks for). Remove when Unsloth
+    tags local-folder FP8 loads itself.
+
 rlstack.payload.serve (alias_get_open_port, the SamplingParams keywords, and the GuidedDecodingParams alias in
 the server's own processes) -- trl 0.24.0's `vllm-serve` script + vLLM 0.21.0. Symptoms: `cannot import name
 'get_open_port' from 'vllm.utils'` and `Unexpected keyword argument 'truncate_prompt_tokens'` on every
@@ -98,6 +132,54 @@ def ensure_warnings_issued(model: Any) -> None:
         if m is not None and not hasattr(m, "warnings_issued"):
             with contextlib.suppress(AttributeError):
                 m.warnings_issued = {}
+
+
+def has_torchao_weights(model: Any) -> bool:
+    """Whether any parameter of the model is a torchao tensor subclass (Float8Tensor and kin)."""
+    return any(type(p).__module__.startswith("torchao") for p in model.parameters())
+
+
+def load_lora_outside_inference_mode(model: Any) -> bool:
+    """Make `model.load_lora` (zoo's `functools.partial(load_lora, model)`, set by Unsloth's get_peft_model) run
+    without inference mode, under torch.no_grad(); see the module docstring. Returns whether it rebound it: only when
+    the model has torchao weights and load_lora is a partial over a function decorated with torch.inference_mode
+    (which leaves the original as `__wrapped__`). Call after get_peft_model and before building the trainer, which
+    looks the attribute up (rl.py:4060 and rl_replacements.py:4021 in unsloth 2026.10.6)."""
+    import functools
+
+    bound = getattr(model, "load_lora", None)
+    if not isinstance(bound, functools.partial):
+        return False
+    raw = getattr(bound.func, "__wrapped__", None)
+    if raw is None or not callable(raw) or not has_torchao_weights(model):
+        return False
+    head, fixed = bound.args, dict(bound.keywords)
+
+    @functools.wraps(raw)
+    def load_lora(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.inference_mode(False), torch.no_grad():
+            return raw(*head, *args, **{**fixed, **kwargs})
+
+    load_lora.rlstack_shim = "load_lora_outside_inference_mode"  # type: ignore[attr-defined]
+    model.load_lora = load_lora
+    return True
+
+
+def mark_torchao_fp8_for_no_grad(model: Any) -> bool:
+    """Tag a torchao-FP8 model with Unsloth's `torchao_config` when from_pretrained did not (see the module
+    docstring), so Unsloth's GRPO forwards outside training run under no_grad instead of inference mode. Returns
+    whether it tagged it: only when the model has torchao weights, no tag yet, and unsloth provides the tagger."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(inner, "torchao_config", None) is not None or not has_torchao_weights(model):
+        return False
+    try:
+        from unsloth.models.loader_utils import _tag_model_with_fp8_torchao_config
+    except ImportError:
+        return False
+    _tag_model_with_fp8_torchao_config(inner, "row")  # swallows its own errors, hence the check below
+    return getattr(inner, "torchao_config", None) is not None
 
 
 def export_mixed_precision(bf16: bool, fp16: bool) -> str:

@@ -111,7 +111,9 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
 
     kwargs: dict[str, Any] = dict(model_name=target, max_seq_length=spec.max_seq_length, dtype=None)
     if fp8:
-        kwargs.update(load_in_fp8=True, fast_inference=True, max_lora_rank=lora.r, load_in_4bit=False)
+        # Unsloth takes True for row-wise FP8 and "block" for block-wise (recipes.ModelSpec.fp8_scheme says why)
+        kwargs.update(load_in_fp8=True if spec.fp8_scheme == "row" else "block", fast_inference=True,
+                      max_lora_rank=lora.r, load_in_4bit=False)
     else:
         kwargs.update(load_in_4bit=spec.load_in_4bit)
     try:
@@ -119,8 +121,10 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
     except Exception as exc:
         if fp8:
             raise Fp8UnavailableError(
-                f"Unsloth could not load {target} with load_in_fp8=True: {type(exc).__name__}: {str(exc)[:500]}",
-                "run 'invoke probe-fp8' to classify the wall; train without --fp8 for the portable path",
+                f"Unsloth could not load {target} with load_in_fp8={kwargs['load_in_fp8']!r}: "
+                f"{type(exc).__name__}: {str(exc)[:500]}",
+                "run 'invoke probe-fp8' to classify the wall; try the other scheme (--set model.fp8_scheme=row or "
+                "block); train without --fp8 for the portable path",
             ) from exc
         raise
     layers = top_layers(model, lora)
@@ -134,6 +138,16 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
         random_state=seed,
         **({"layers_to_transform": layers} if layers is not None else {}),
     )
+    if fp8:
+        from rlstack.payload.train.compat import load_lora_outside_inference_mode, mark_torchao_fp8_for_no_grad
+
+        # zoo's load_lora detaches the torchao FP8 weights under inference mode at every rollout, and Unsloth leaves a
+        # local-folder FP8 model untagged, so its logprob forwards run under inference mode too (compat.py)
+        shimmed = [name for name, shim in (("load_lora under no_grad", load_lora_outside_inference_mode),
+                                           ("torchao_config tag", mark_torchao_fp8_for_no_grad)) if shim(model)]
+        if shimmed:
+            print(f"rlstack: torchao FP8 weights: {', '.join(shimmed)} (rlstack.payload.train.compat)",
+                  file=sys.stderr)
     return Loaded(model, tokenizer, base_id, "unsloth-fp8" if fp8 else "unsloth", "cuda")
 
 
