@@ -458,6 +458,11 @@ def native_stage(
     = None,
     out: Annotated[str | None, Opt("output folder (default .stage/STACK)")] = None,
     part_mb: Annotated[int, Opt("largest part, in MiB")] = 55,
+    compress: Annotated[Literal["xz", "none"], Opt("xz: wheels rewritten stored (each member checked against its "
+                                                   "RECORD) and xz-compressed, fewer parts; none: the wheels as "
+                                                   "they are")] = "xz",
+    xz_preset: Annotated[int | None, Opt("xz preset 0-9 (default 0): higher makes fewer parts and stages slower "
+                                         "(bench/results/stage_compression.md)")] = None,
 ) -> int:
     """Stage a stack's locked wheels (sha256-checked) in parts for a GPU host with no Docker and no network;
     `python3 -m rlstack.host.native install` there."""
@@ -471,10 +476,13 @@ def native_stage(
                 skips[pkg.strip()] = why.strip() or "left out with --skip"
     dest = Path(out) if out else Path(".stage") / stack
     index = native.stage(stack, Path(host_packages), dest, python=python, platform=platform, skip=skips,
-                         keep_host={k for k in (keep_host or "").split(",") if k}, part_mb=part_mb)
+                         keep_host={k for k in (keep_host or "").split(",") if k}, part_mb=part_mb,
+                         compress=compress, preset=xz_preset)
+    carried = sum(p["size"] for p in index["parts"])
     print(f"staged {index['carry']} wheels of stack {index['stack']} for Python {index['python']} in {dest}: "
-          f"{len(index['parts'])} part(s), {index['tar_size'] / 2**20:.0f} MiB; {index['host']} locked packages "
-          f"come from the host, {len(index['skip'])} left out")
+          f"{len(index['parts'])} part(s), {carried / 2**20:.0f} MiB ({index['format']}; "
+          f"{index['tar_size'] / 2**20:.0f} MiB joined); {index['host']} locked packages come from the host, "
+          f"{len(index['skip'])} left out")
     for pkg, why in index["skip"].items():
         print(f"  left out {pkg}: {why}")
     print(f"on the GPU host, with every part and {native.PARTS_FILE} in one folder DIR:\n"

@@ -10,22 +10,40 @@ part and the whole, then installs the wheels with `pip --target` into an overlay
 on PYTHONPATH. What stays different from the lock (kept from the host, skipped, another Python) is then
 measured and recorded by the runtime report itself (rlstack.probes.environment), never assumed.
 
+Carrying costs device time per part, so by default (`compress="xz"`) each wheel is first rewritten as a stored
+(uncompressed) zip with byte-identical members, every member checked against the wheel's RECORD, and the tar
+of those is xz-compressed: xz finds far more in CUDA libraries than the wheels' own per-member deflate
+(bench/results/stage_compression.md). The tar is compressed in independent blocks, in parallel, and parts are
+cut by compressed size at block edges, so each part is a whole xz file the GPU host decompresses on its own,
+all parts at once. `compress="none"` keeps the plain format: the tar of the original wheels, cut by size.
+
 Run as `python -m rlstack.host.native install --parts DIR --target DIR` on the GPU host.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import csv
 import hashlib
 import io
+import itertools
 import json
+import lzma
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+import zipfile
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from rlstack.core.errors import RlstackError  # these three are standard library only, like this module
@@ -35,6 +53,18 @@ from rlstack.core.pkgnames import normalize, public_version
 PARTS_FILE = "parts.json"
 MANIFEST = "manifest.json"
 CHUNK = 1 << 22
+FORMATS = ("tar", "xz")  # parts.json "format"; a parts.json without one is "tar" (written before xz existed)
+COMPRESS = ("xz", "none")
+# xz preset and block, measured in bench/results/stage_compression.md: preset 0 staged fp8 in 15 parts instead of
+# 20 in 5 min on 2 cores; preset 1 made 14 and took a third longer. On the portable stack's CUDA libraries preset
+# 1 is ~1.5x slower for ~9% fewer bytes: at the measured speeds its ~7 GB take ~20 min on 2 cores instead of ~13
+# (`--xz-preset` trades host minutes for parts). Independent 2 MiB blocks cost 0.2% against one stream and end a
+# part within one block of its limit.
+XZ_PRESET = 0
+XZ_BLOCK = 2 << 20
+# RECORD cannot hash itself, nor its signatures (PEP 376, PEP 427); every other member must match its line.
+UNHASHED = ("RECORD", "RECORD.jws", "RECORD.p7s")
+RECORD_HASHES = ("sha256", "sha384", "sha512")
 
 
 class NativeError(RlstackError):
@@ -106,6 +136,175 @@ def plan(locked: dict[str, str], host: dict[str, str], *, skip: dict[str, str] |
     return picks
 
 
+def workers() -> int:
+    """Cores this process may use (a container's or cgroup's share where the OS says, not the machine's).
+    Threads, not processes, do the parallel work here: lzma, zlib and hashlib release the GIL on large buffers,
+    so threads keep every core busy without pickling megabytes between processes or starting interpreters."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _record(z: zipfile.ZipFile, whl: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """The wheel's RECORD: its member name and {path: (hash algorithm, urlsafe base64 digest)}."""
+    found = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
+    if len(found) != 1:
+        raise NativeError(f"{whl}: {len(found)} *.dist-info/RECORD files, a wheel has one",
+                          "stage with --compress none to carry the wheel as it is")
+    rows: dict[str, tuple[str, str]] = {}
+    for row in csv.reader(io.StringIO(z.read(found[0]).decode("utf-8"))):
+        if row and row[0]:
+            algo, _, digest = (row[1] if len(row) > 1 else "").partition("=")
+            rows[row[0]] = (algo, digest)
+    return found[0], rows
+
+
+def store_wheel(whl: Path, dest: Path) -> int:
+    """Rewrite the wheel `whl` at `dest` as a stored (uncompressed) zip: the same members in the same order,
+    names, dates and permissions, byte for byte. Why: deflate works member by member and hides what repeats
+    across a CUDA library; xz over the stored bytes finds it. Every member's bytes, as written, are checked
+    against the wheel's RECORD (the lock's sha256 covers the wheel we read, RECORD each member we write), and
+    a member that does not match, or that RECORD does not list, refuses the wheel. Returns the members checked."""
+    def refuse(member: str, why: str) -> NativeError:
+        return NativeError(f"{whl.name}: {member}: {why}; refused",
+                           "the wheel does not match its own RECORD: report it to its publisher, or stage with "
+                           "--compress none to carry it as it is (unchecked member by member)")
+
+    checked = 0
+    try:
+        with zipfile.ZipFile(whl) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as dst:
+            record_name, record = _record(src, whl.name)
+            for info in src.infolist():
+                out = zipfile.ZipInfo(info.filename, info.date_time)
+                out.external_attr, out.create_system, out.comment = (info.external_attr, info.create_system,
+                                                                     info.comment)
+                if info.is_dir():
+                    dst.writestr(out, b"")
+                    continue
+                unhashed = info.filename.rpartition("/")[0] == record_name.rpartition("/")[0] and \
+                    info.filename.rpartition("/")[2] in UNHASHED
+                algo, digest = record.get(info.filename, ("", ""))
+                if not unhashed and info.filename not in record:
+                    raise refuse(info.filename, "not listed in RECORD")
+                if not unhashed and algo not in RECORD_HASHES:
+                    raise refuse(info.filename, f"RECORD gives it no sha256 ('{algo}')")
+                h = hashlib.new(algo if algo in RECORD_HASHES else "sha256")
+                out.file_size = info.file_size  # lets zipfile choose zip64 up front for members over 2 GiB
+                with src.open(info) as r, dst.open(out, "w") as w:
+                    for chunk in iter(lambda r=r: r.read(CHUNK), b""):  # type: ignore[misc]
+                        h.update(chunk)
+                        w.write(chunk)
+                if not unhashed:
+                    if _b64(h.digest()) != digest:
+                        raise refuse(info.filename, f"{algo} {_b64(h.digest())}, RECORD says {digest}")
+                    checked += 1
+    except zipfile.BadZipFile as exc:  # includes a member whose CRC-32 does not match
+        raise NativeError(f"{whl.name}: not a readable zip ({exc})", "delete it from the wheel cache and stage again"
+                          ) from None
+    return checked
+
+
+def _xz(raw: bytes, preset: int) -> bytes:
+    return lzma.compress(raw, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, preset=preset)
+
+
+class XzParts:
+    """A write-only stream (what tarfile writes the bundle into) that cuts its bytes into blocks of XZ_BLOCK,
+    compresses each block as an independent xz stream on a thread pool, and packs the compressed blocks, in
+    order, into out_dir/part-NNN files of at most part_bytes each. A part is then one or more whole xz streams
+    back to back, which is itself a valid xz file: the GPU host decompresses every part on its own, all at
+    once. It also hashes the uncompressed stream, which is what install checks after joining."""
+
+    def __init__(self, out_dir: Path, part_bytes: int, *, preset: int = XZ_PRESET, threads: int | None = None
+                 ) -> None:
+        self.out_dir, self.part_bytes, self.preset = out_dir, part_bytes, preset
+        # a block must fit a part even when incompressible (xz then adds a few bytes per 64 KiB), and parts end
+        # on a block edge: a part wastes less than one compressed block
+        self.block = max(1 << 15, min(XZ_BLOCK, part_bytes // 8))
+        self.threads = threads or workers()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rlstack-xz")
+        self.pending: deque[tuple[int, Future[bytes]]] = deque()
+        self.buf = bytearray()
+        self.raw = hashlib.sha256()
+        self.size = 0
+        self.parts: list[dict[str, Any]] = []
+        self._part: io.BufferedWriter | None = None
+        self._hash = hashlib.sha256()
+        self._started = time.monotonic()
+
+    @property
+    def sha256(self) -> str:
+        return self.raw.hexdigest()
+
+    def write(self, data: bytes) -> int:
+        self.raw.update(data)
+        self.size += len(data)
+        self.buf += data
+        while len(self.buf) >= self.block:
+            self._submit(bytes(self.buf[:self.block]))
+            del self.buf[:self.block]
+        return len(data)
+
+    def _submit(self, raw: bytes) -> None:
+        self.pending.append((len(raw), self.pool.submit(_xz, raw, self.preset)))
+        while len(self.pending) > 2 * self.threads:  # bounded: a few blocks in flight, never the whole tar
+            self._take()
+
+    def _take(self) -> None:
+        raw_size, future = self.pending.popleft()
+        data = future.result()
+        if len(data) > self.part_bytes:
+            raise NativeError(f"a {raw_size}-byte block compressed to {len(data)} bytes, more than a part holds")
+        if self._part is None or self.parts[-1]["size"] + len(data) > self.part_bytes:
+            self._close_part()
+            name = f"part-{len(self.parts):03d}"
+            self.parts.append({"name": name, "sha256": "", "size": 0, "raw_size": 0, "blocks": 0})
+            self._part, self._hash = (self.out_dir / name).open("wb"), hashlib.sha256()
+        self._part.write(data)
+        self._hash.update(data)
+        part = self.parts[-1]
+        part["size"] += len(data)
+        part["raw_size"] += raw_size
+        part["blocks"] += 1
+
+    def _close_part(self) -> None:
+        if self._part is None:
+            return
+        self._part.close()
+        self._part = None
+        part = self.parts[-1]
+        part["sha256"] = self._hash.hexdigest()
+        ratio = part["size"] / max(part["raw_size"], 1)
+        print(f"rlstack:   {part['name']}: {part['size'] / 2**20:.1f} MiB ({part['raw_size'] / 2**20:.1f} MiB "
+              f"uncompressed, {ratio:.2f}) at {time.monotonic() - self._started:.0f} s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Compress what is left and finish the last part."""
+        if self.buf:
+            self._submit(bytes(self.buf))
+            self.buf.clear()
+        while self.pending:
+            self._take()
+        self._close_part()
+        self.pool.shutdown()
+
+    def __enter__(self) -> XzParts:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            self.close()
+            return
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._part is not None:
+            self._part.close()
+
+
 def split(tar: Path, out_dir: Path, part_bytes: int) -> list[dict[str, Any]]:
     """Cut `tar` into out_dir/part-NNN files of at most part_bytes each."""
     parts = []
@@ -130,11 +329,40 @@ def split(tar: Path, out_dir: Path, part_bytes: int) -> list[dict[str, Any]]:
     return parts
 
 
+def _pack(tar: tarfile.TarFile, carry: list[Pick], locked: dict[str, Any], cache: Any, python: str, platform: str,
+          stored: Path | None, sink: XzParts | None) -> list[dict[str, Any]]:
+    """Fetch each carried wheel (sha256 against the lock) into the tar; with `stored`, as its stored rewrite
+    (written there, added, removed). Progress per wheel: staging several GB takes minutes."""
+    wheels = []
+    started = time.monotonic()
+    for i, p in enumerate(carry, 1):
+        whl = cache.fetch(locked[p.name], python, platform)
+        entry: dict[str, Any] = {"name": p.name, "version": p.version, "file": whl.name, "sha256": sha256_file(whl),
+                                 "size": whl.stat().st_size}
+        if stored is None:
+            tar.add(whl, arcname=f"wheels/{whl.name}")
+        else:
+            rewritten = stored / whl.name
+            entry["members_checked"] = store_wheel(whl, rewritten)
+            entry["stored_size"] = rewritten.stat().st_size
+            tar.add(rewritten, arcname=f"wheels/{whl.name}")
+            rewritten.unlink()
+        wheels.append(entry)
+        line = f"rlstack: [{i}/{len(carry)}] {p.name}=={p.version} {entry['size'] / 2**20:.1f} MiB"
+        if sink is not None:
+            line += (f", {entry['members_checked']} members match RECORD; {sink.size / 2**20:.0f} MiB in, "
+                     f"{len(sink.parts)} part(s) so far, {time.monotonic() - started:.0f} s")
+        print(line, file=sys.stderr, flush=True)
+    return wheels
+
+
 def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, platform: str = "x86_64-manylinux_2_28",
           skip: dict[str, str] | None = None, keep_host: set[str] | None = None, part_mb: int = 55,
-          cache: Any = None) -> dict[str, Any]:
+          compress: str = "xz", preset: int | None = None, cache: Any = None) -> dict[str, Any]:
     """Fetch the carried wheels (sha256 against the lock), pack and split them into out_dir. The folder is
-    written aside and swapped in at the end, so an interrupted stage leaves the previous one whole."""
+    written aside and swapped in at the end, so an interrupted stage leaves the previous one whole.
+    `compress`: "xz" (stored wheels, RECORD-checked, xz parts cut by compressed size) or "none" (the plain
+    format: the original wheels, the tar cut by size)."""
     from rlstack.host import locks
     from rlstack.host.locks import parse_locked
     from rlstack.host.stacks import load_stack
@@ -142,6 +370,11 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
 
     if part_mb < 1:
         raise NativeError(f"--part-mb {part_mb}: a part must hold at least 1 MiB")
+    if compress not in COMPRESS:
+        raise NativeError(f"--compress {compress}: one of {', '.join(COMPRESS)}")
+    preset = XZ_PRESET if preset is None else preset
+    if not 0 <= preset <= 9:
+        raise NativeError(f"--xz-preset {preset}: xz presets are 0 to 9")
     stack = load_stack(stack_name)
     locked = parse_locked(stack.lock_file.read_text())
     picks = plan({n: p.version for n, p in locked.items()}, read_host_packages(host_packages), skip=skip,
@@ -150,28 +383,38 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
     carry = [p for p in picks if p.action == "carry"]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    manifest = {"stack": stack.name, "lock_hash": locks.lock_hash(stack), "python": python, "platform": platform,
+                "picks": [asdict(p) for p in picks], "wheels": []}
+
+    def finish(tar: tarfile.TarFile) -> None:
+        data = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
     try:
-        tar_path = work / "bundle.tar"
-        wheels = []
-        with tarfile.open(tar_path, "w") as tar:
-            for i, p in enumerate(carry, 1):
-                print(f"rlstack: [{i}/{len(carry)}] {p.name}=={p.version}", file=sys.stderr, flush=True)
-                whl = cache.fetch(locked[p.name], python, platform)
-                wheels.append({"name": p.name, "version": p.version, "file": whl.name, "sha256": sha256_file(whl),
-                               "size": whl.stat().st_size})
-                tar.add(whl, arcname=f"wheels/{whl.name}")
-            manifest = {"stack": stack.name, "lock_hash": locks.lock_hash(stack), "python": python,
-                        "platform": platform, "picks": [asdict(p) for p in picks], "wheels": wheels}
-            data = json.dumps(manifest, indent=1).encode()
-            info = tarfile.TarInfo(MANIFEST)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        parts = split(tar_path, work, part_mb << 20)
-        index = {"stack": stack.name, "lock_hash": manifest["lock_hash"], "python": python,
-                 "tar_sha256": sha256_file(tar_path), "tar_size": tar_path.stat().st_size, "parts": parts,
+        fmt: dict[str, Any]
+        if compress == "none":
+            tar_path = work / "bundle.tar"
+            with tarfile.open(tar_path, "w") as tar:
+                manifest["wheels"] = _pack(tar, carry, locked, cache, python, platform, None, None)
+                finish(tar)
+            parts = split(tar_path, work, part_mb << 20)
+            fmt = {"format": "tar", "tar_sha256": sha256_file(tar_path), "tar_size": tar_path.stat().st_size}
+            tar_path.unlink()
+        else:
+            print(f"rlstack: {len(carry)} wheels, rewritten stored and xz-compressed (preset {preset}) on "
+                  f"{workers()} threads", file=sys.stderr, flush=True)
+            with XzParts(work, part_mb << 20, preset=preset) as sink, \
+                    tarfile.open(fileobj=sink, mode="w|", bufsize=1 << 20) as tar:  # type: ignore[call-overload]
+                manifest["wheels"] = _pack(tar, carry, locked, cache, python, platform, work, sink)
+                finish(tar)
+            parts = sink.parts
+            fmt = {"format": "xz", "preset": preset, "block_bytes": sink.block, "tar_sha256": sink.sha256,
+                   "tar_size": sink.size}
+        index = {"stack": stack.name, "lock_hash": manifest["lock_hash"], "python": python, **fmt, "parts": parts,
                  "carry": len(carry), "host": sum(p.action == "host" for p in picks),
                  "skip": {p.name: p.why for p in picks if p.action == "skip"}}
-        tar_path.unlink()
         (work / PARTS_FILE).write_text(json.dumps(index, indent=1) + "\n")
         swap_in(work, out_dir)
     finally:
@@ -179,24 +422,112 @@ def stage(stack_name: str, host_packages: Path, out_dir: Path, *, python: str, p
     return index
 
 
-def verify_parts(parts_dir: Path) -> dict[str, Any]:
-    """parts.json and every part it names, checked; says which part is missing or damaged."""
+def verify_parts(parts_dir: Path, *, threads: int | None = None) -> dict[str, Any]:
+    """parts.json and every part it names, checked (sha256 of the bytes carried, all parts at once); says which
+    part is missing or damaged."""
     try:
         index = json.loads((parts_dir / PARTS_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise NativeError(f"{parts_dir / PARTS_FILE}: unreadable ({exc})",
                           "carry parts.json with the parts (invoke native-stage writes it)") from None
-    bad = []
-    for part in index["parts"]:
+    fmt = index.setdefault("format", "tar")
+    if fmt not in FORMATS:
+        raise NativeError(f"{parts_dir / PARTS_FILE}: format '{fmt}', this rlstack reads {', '.join(FORMATS)}",
+                          "use the rlstack that staged the parts (its src/) on the GPU host")
+
+    def check(part: dict[str, Any]) -> str | None:
         path = parts_dir / part["name"]
         if not path.is_file():
-            bad.append(f"{part['name']} missing")
-        elif path.stat().st_size != part["size"] or sha256_file(path) != part["sha256"]:
-            bad.append(f"{part['name']} damaged (size {path.stat().st_size}, expected {part['size']})")
+            return f"{part['name']} missing"
+        if path.stat().st_size != part["size"] or sha256_file(path) != part["sha256"]:
+            return f"{part['name']} damaged (size {path.stat().st_size}, expected {part['size']})"
+        return None
+
+    with ThreadPoolExecutor(threads or workers()) as pool:
+        bad = [b for b in pool.map(check, index["parts"]) if b]
     if bad:
         raise NativeError(f"{parts_dir}: {len(bad)} of {len(index['parts'])} parts unusable: {'; '.join(bad)}",
                           "carry those parts again")
     return index
+
+
+def _join(parts_dir: Path, index: dict[str, Any], tar_path: Path) -> str:
+    """The plain format: the parts back to back are the tar. Returns its sha256."""
+    h = hashlib.sha256()
+    with tar_path.open("wb") as out:
+        for part in index["parts"]:
+            with (parts_dir / part["name"]).open("rb") as src:
+                for chunk in iter(lambda s=src: s.read(CHUNK), b""):  # type: ignore[misc]
+                    h.update(chunk)
+                    out.write(chunk)
+    return h.hexdigest()
+
+
+def _unxz_part(path: Path, tar_path: Path, offset: int, raw_size: int) -> None:
+    """Decompress one part (one or more whole xz streams) into its place in the tar; refuse a part that is
+    not whole xz or that does not come to the size parts.json gives it."""
+    def bad(why: str) -> NativeError:
+        return NativeError(f"{path.name}: {why}", "the part matches parts.json but not its staging: stage again "
+                           "and carry the new parts with their parts.json")
+
+    done, open_stream = 0, False
+    dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+    with path.open("rb") as src, tar_path.open("r+b") as out:
+        out.seek(offset)
+        for chunk in iter(lambda: src.read(CHUNK), b""):
+            while chunk:
+                try:
+                    raw = dec.decompress(chunk)
+                except lzma.LZMAError as exc:
+                    raise bad(f"not valid xz after {done} bytes ({exc})") from None
+                open_stream = True
+                done += len(raw)
+                if done > raw_size:
+                    raise bad(f"decompresses to more than the {raw_size} bytes parts.json gives it")
+                out.write(raw)
+                if dec.eof:  # the next block's stream starts right after
+                    chunk, dec, open_stream = dec.unused_data, lzma.LZMADecompressor(lzma.FORMAT_XZ), False
+                else:
+                    chunk = b""
+    if open_stream or done != raw_size:
+        raise bad(f"decompresses to {done} bytes{' (cut short)' if open_stream else ''}, parts.json gives {raw_size}")
+
+
+def _unxz(parts_dir: Path, index: dict[str, Any], tar_path: Path, threads: int | None = None) -> str:
+    """The xz format: every part decompressed into its place in the tar at once (threads: lzma releases the
+    GIL), the tar hashed in order as the parts land. Returns its sha256."""
+    parts = index["parts"]
+    offsets = list(itertools.accumulate((p["raw_size"] for p in parts), initial=0))
+    if offsets[-1] != index["tar_size"]:
+        raise NativeError(f"parts.json: the parts' sizes add up to {offsets[-1]} bytes, its tar_size is "
+                          f"{index['tar_size']}", "carry the parts.json of the staging the parts come from")
+    with tar_path.open("wb") as f:
+        f.truncate(index["tar_size"])
+    n = threads or workers()
+    print(f"rlstack: decompressing {len(parts)} parts on {n} threads", file=sys.stderr, flush=True)
+    h = hashlib.sha256()
+    with ThreadPoolExecutor(n, thread_name_prefix="rlstack-unxz") as pool, tar_path.open("rb") as back:
+        futures = [pool.submit(_unxz_part, parts_dir / p["name"], tar_path, off, p["raw_size"])
+                   for p, off in zip(parts, offsets, strict=False)]
+        try:
+            for future, part, off in zip(futures, parts, offsets, strict=False):
+                future.result()
+                back.seek(off)
+                for chunk in _read(back, part["raw_size"]):
+                    h.update(chunk)
+        finally:
+            for future in futures:
+                future.cancel()
+    return h.hexdigest()
+
+
+def _read(f: io.BufferedReader, size: int) -> Iterable[bytes]:
+    while size > 0:
+        chunk = f.read(min(CHUNK, size))
+        if not chunk:
+            return
+        size -= len(chunk)
+        yield chunk
 
 
 def _install_command(target: Path, files: list[str]) -> list[str]:
@@ -219,18 +550,16 @@ def install(parts_dir: Path, target: Path, *, pip: list[str] | None = None) -> d
     index = verify_parts(parts_dir)
     with tempfile.TemporaryDirectory(prefix="rlstack-native-") as tmp:
         tar_path = Path(tmp) / "bundle.tar"
-        h = hashlib.sha256()
-        with tar_path.open("wb") as out:
-            for part in index["parts"]:
-                with (parts_dir / part["name"]).open("rb") as src:
-                    for chunk in iter(lambda s=src: s.read(CHUNK), b""):  # type: ignore[misc]
-                        h.update(chunk)
-                        out.write(chunk)
-        if h.hexdigest() != index["tar_sha256"]:
-            raise NativeError(f"the joined parts hash to {h.hexdigest()}, not {index['tar_sha256']}",
+        t0 = time.monotonic()
+        digest = _join(parts_dir, index, tar_path) if index["format"] == "tar" else _unxz(parts_dir, index, tar_path)
+        if digest != index["tar_sha256"]:
+            raise NativeError(f"the joined parts hash to {digest}, not {index['tar_sha256']}",
                               "the parts come from different stagings; carry one staging's parts")
+        print(f"rlstack: {len(index['parts'])} parts joined and checked ({index['tar_size'] / 2**20:.0f} MiB) in "
+              f"{time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
         with tarfile.open(tar_path) as tar:
             tar.extractall(tmp, filter="data")
+        tar_path.unlink()  # the wheels are out: less disk held while pip installs them
         manifest = json.loads((Path(tmp) / MANIFEST).read_text())  # the tar's sha256 covers every wheel in it
         files = [str(Path(tmp) / "wheels" / w["file"]) for w in manifest["wheels"]]
         target.mkdir(parents=True, exist_ok=True)
@@ -257,7 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "verify":
             index = verify_parts(args.parts)
-            print(f"{args.parts}: {len(index['parts'])} parts ok ({index['tar_size'] / 2**20:.0f} MiB)")
+            carried = sum(p["size"] for p in index["parts"])
+            print(f"{args.parts}: {len(index['parts'])} parts ok ({carried / 2**20:.0f} MiB, format "
+                  f"{index['format']}; {index['tar_size'] / 2**20:.0f} MiB joined)")
             return 0
         manifest = install(args.parts, args.target)
     except NativeError as exc:
