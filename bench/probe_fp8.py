@@ -2,7 +2,10 @@
 bytes it fetches: cold (an empty RLSTACK_CACHE: wheel members range-read from PyPI and checked against each
 wheel's RECORD, index listings fetched, co-install resolution re-run), warm (the same cache again), and a cold
 `--suggest` (the closest passing combination for fp8-report, verified by uv). uv's own package cache is left as
-it is in every run: it is the machine's, not rlstack's. Writes bench/results/probe_fp8.json and .md.
+it is in every run: it is the machine's, not rlstack's. Python's bytecode cache is too: the runs drop
+PYTHONDONTWRITEBYTECODE (this project's machine sets it, and then every run recompiles rlstack and its
+dependencies, about 1 s of CPU that no installed copy spends), and one untimed import writes the caches first.
+Writes bench/results/probe_fp8.json and .md.
 
     python bench/probe_fp8.py [--cold N] [--warm N] [--suggest N]
 """
@@ -26,9 +29,21 @@ RESULTS = ROOT / "bench" / "results"
 INVOKE = [sys.executable, "-m", "invoke"]
 
 
+def _env(cache: Path) -> dict[str, str]:
+    env = {**os.environ, "RLSTACK_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def warm_bytecode(cache: Path) -> None:
+    """Import what probe-fp8 imports once, untimed, so that every timed run finds the bytecode caches."""
+    code = "import invoke, tasks; from rlstack.probes import commands, suite, discover, suggest, report, resolve"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(cache), check=True)
+
+
 def run_once(cache: Path, *extra: str) -> dict[str, object]:
     cmd = [*INVOKE, "probe-fp8", "--json", *extra]
-    env = {**os.environ, "RLSTACK_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src")}
+    env = _env(cache)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -58,6 +73,7 @@ def main() -> int:
     args = ap.parse_args()
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-probe-") as tmp:
+        warm_bytecode(Path(tmp) / "untimed")
         cache = Path(tmp) / "cache0"
         for i in range(args.cold):
             cache = Path(tmp) / f"cache{i}"
@@ -80,8 +96,10 @@ def main() -> int:
           "--json` (the static layers for fp8-report and fp8 on sm_120), and the same with `--suggest`.", "",
           "Cold = empty RLSTACK_CACHE: wheel members range-read from PyPI (each checked against the wheel's RECORD), "
           "index listings fetched, the co-install resolution re-run by uv; warm = the same cache again. uv's own "
-          "package cache is warm in every run. MB and requests: what rlstack fetched (index listings through urllib "
-          "are not counted); cache MB: what the run left in RLSTACK_CACHE.", "",
+          "package cache is warm in every run, and so is Python's bytecode cache (the runs drop this machine's "
+          "PYTHONDONTWRITEBYTECODE=1, under which every run recompiles rlstack and its dependencies). MB and "
+          "requests: what rlstack fetched, index listings included (gzip-encoded bytes on the wire); cache MB: what "
+          "the run left in RLSTACK_CACHE.", "",
           "| run | wall s | exit | MB fetched | requests | cache MB | fp8-report walls | fp8 failures |",
           "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -3,15 +3,17 @@ keyword) passing and failing, and each suppression rule, with no case data at al
 
 from __future__ import annotations
 
+import ast
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rlstack.host.locks import LockedPackage
 from rlstack.host.stacks import load_stack
-from rlstack.probes import discover
+from rlstack.probes import discover, pyast
 from rlstack.probes.wheels import SourceSet
 
 HOST = {
@@ -275,3 +277,251 @@ def test_counts_and_results(tmp_path: Path) -> None:
     assert d.tally.checked["import"] > 5 and d.tally.checked["paste"] == 2
     # a wheel that could not be read leaves the summary undecided, never a pass
     assert discover._as_results(d, {"hostlib": "no wheel"})[-1].undecided
+
+
+# -- attribute chains on B's modules: `import B.x` then `B.x.Y` is checked like `from B.x import Y` ---------
+
+CHAIN_HOST = {
+    "hostlib/__init__.py": "",
+    "hostlib/sub/__init__.py": "",
+    "hostlib/sub/mod.py": "class Thing:\n    x = 1\n\nVALUE = 2\n",
+    "hostlib/lazy.py": "def __getattr__(name):\n    return name\n",
+}
+
+CHAIN_PATCHER = """
+from typing import TYPE_CHECKING
+import hostlib.sub.mod
+import hostlib.sub.mod as m
+from hostlib.sub import mod as m2
+from hostlib import sub
+import hostlib.lazy
+
+OK_CLASS_ATTR = hostlib.sub.mod.Thing.x
+OK_ALIAS = m.VALUE
+BAD_CHAIN = hostlib.sub.mod.Gone
+BAD_ALIAS = m.GoneAlias
+BAD_FROM = m2.GoneFrom
+BAD_SUB = sub.nomod.X
+LAZY = hostlib.lazy.Whatever
+
+
+class K(hostlib.sub.mod.GoneBase):
+    pass
+
+
+try:
+    CAUGHT = m.GoneCaught
+except AttributeError:
+    CAUGHT = None
+if is_hostlib_available():
+    AVAILABLE = m.GoneAvailable
+if is_otherlib_available():
+    UNAVAILABLE = m.GoneUnavailable
+if TYPE_CHECKING:
+    TYPING = m.GoneTyping
+if some_flag():
+    FLAG = m.GoneFlag
+hostlib.sub.mod.Added = 1
+hostlib.sub.mod.Thing.y = 2
+ADDED = hostlib.sub.mod.Added
+
+
+def uses(model):
+    return m.GoneInFunction
+
+
+def shadowed(m):
+    return m.Anything
+"""
+
+
+def chains(tmp: Path) -> dict[str, discover.Finding]:
+    (tmp / "h").mkdir()
+    (tmp / "p").mkdir()
+    src = SourceSet({"hostlib": make_wheel(tmp / "h", "hostlib", CHAIN_HOST),
+                     "patcher": make_wheel(tmp / "p", "patcher", {"patcher/__init__.py": CHAIN_PATCHER})})
+    locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
+              "patcher": LockedPackage("patcher", "1.0", frozenset())}
+    d = discover.Discovery(load_stack("cpu"), src, locked, ["patcher"])
+    d.walk("patcher")
+    return by_key(d)
+
+
+def test_attribute_chains_on_modules_are_checked_like_from_imports(tmp_path: Path) -> None:
+    found = chains(tmp_path)
+    for key in ("hostlib.sub.mod.Gone", "hostlib.sub.mod.GoneAlias", "hostlib.sub.mod.GoneFrom",
+                "hostlib.sub.nomod", "hostlib.sub.mod.GoneBase", "hostlib.sub.mod.GoneAvailable"):
+        assert found[key].rule is None, key  # module level, or under a guard that holds: a real finding
+        assert "has no attribute" in found[key].message and found[key].evidence[0].line
+    bad = found["hostlib.sub.mod.Gone"]
+    assert bad.kind == "import" and (bad.evidence[0].file, bad.evidence[0].line) == ("patcher/__init__.py", 11)
+    for absent in ("hostlib.sub.mod.Thing", "hostlib.sub.mod.VALUE", "hostlib.sub.mod.GoneUnavailable",
+                   "hostlib.sub.mod.GoneTyping", "hostlib.sub.mod.Anything"):  # exist, dead paths, a parameter
+        assert absent not in found, absent
+
+
+@pytest.mark.parametrize(("key", "rule"), [
+    ("hostlib.sub.mod.GoneCaught", "caught"),
+    ("hostlib.sub.mod.GoneFlag", "guard-unknown"),
+    ("hostlib.lazy.Whatever", "dynamic-module"),
+    ("hostlib.sub.mod.GoneInFunction", "in-function-import"),
+    ("hostlib.sub.mod.Added", "installed-by-a"),
+])
+def test_attribute_chains_follow_the_same_suppression_rules(tmp_path: Path, key: str, rule: str) -> None:
+    assert chains(tmp_path)[key].rule == rule
+    assert rule in discover.RULES
+
+
+# -- early exits, Python-version guards, missing modules, names another package installs -------------------
+
+EXITS_PATCHER = """
+import sys
+import hostlib.api
+from hostlib.api import run
+
+if sys.version_info < (3, 9):
+    raise ImportError("needs Python 3.9")  # false on the stack's Python 3.11: the rest of the module runs
+from hostlib.api import gone_after_version_exit
+from hostlib.gone import One, Two
+from hostlib.gone.deeper import Three
+
+
+def restore():
+    permitted = can_restore()
+    if not permitted:
+        return False  # cannot be evaluated: what follows runs only when it did not return
+    run(1, colour="unknowable")
+
+
+def newer_only():
+    if sys.version_info[:2] >= (3, 11):
+        return None  # always returns on the stack's Python: what follows never runs
+    run(1, colour="dead")
+
+
+def plain():
+    run(1, colour="live")
+"""
+
+SHIMMER = """
+import hostlib.api
+
+
+class Shim:
+    pass
+
+
+def install():
+    hostlib.api.Shim = Shim
+"""
+
+
+def two_as(tmp: Path, patcher_files: dict[str, str], others: dict[str, dict[str, str]] | None = None
+           ) -> discover.Discovery:
+    wheels_: dict[str, Path] = {}
+    for name, files in {"hostlib": {**HOST, "hostlib/gen_trainer.py": ""}, "patcher": patcher_files,
+                        **(others or {})}.items():
+        (tmp / name).mkdir()
+        wheels_[name] = make_wheel(tmp / name, name, files)
+    locked = {n: LockedPackage(n, "2.0" if n == "hostlib" else "1.0", frozenset()) for n in wheels_}
+    a = sorted(n for n in wheels_ if n != "hostlib")
+    d = discover.Discovery(load_stack("cpu"), SourceSet(dict(wheels_)), locked, a)
+    for pkg in a:
+        d.walk(pkg)
+    return d
+
+
+def test_an_early_exit_guards_the_rest_of_its_block(tmp_path: Path) -> None:
+    d = two_as(tmp_path, {"patcher/__init__.py": EXITS_PATCHER})
+    assert by_key(d)["hostlib.api.gone_after_version_exit"].rule is None  # the version exit does not fire on 3.11
+    runs = {f.evidence[0].line: f.rule for f in d.tally.findings if f.key == "hostlib.api.run(colour)"}
+    assert runs == {17: "guard-unknown",  # after `if not permitted: return`: runs only when it did not return
+                    27: None}  # plain(): live; line 23, after a return that always happens on 3.11, never runs
+
+
+def test_a_missing_module_is_one_finding_whatever_is_imported_from_it(tmp_path: Path) -> None:
+    d = two_as(tmp_path, {"patcher/__init__.py": EXITS_PATCHER})
+    gone = [f for f in d.tally.findings if "hostlib.gone" in f.key]
+    assert {f.key for f in gone} == {"hostlib.gone"}
+    assert all("No module named 'hostlib.gone'" in f.message for f in gone)
+    res = [r for r in discover._as_results(d, {}) if r.id.endswith(":import:hostlib.gone")]
+    assert len(res) == 1 and {e.line for e in res[0].evidence} == {9, 10}
+
+
+def test_a_name_another_package_installs_is_real_and_says_who_installs_it(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    d = two_as(tmp_path / "x", {"patcher/__init__.py": "from hostlib.api import Shim\n"},
+               {"shimmer": {"shimmer/__init__.py": SHIMMER}})
+    res = next(r for r in discover._as_results(d, {}) if r.id.endswith(":import:hostlib.api.Shim"))
+    assert res.status == "fail" and "shimmer assigns hostlib.api.Shim itself (shimmer/__init__.py:10)" in res.reason
+    assert ("shimmer", "shimmer/__init__.py", 10) in {(e.package, e.file, e.line) for e in res.evidence}
+
+
+def test_relative_imports_in_a_package_init_resolve_inside_the_package(tmp_path: Path) -> None:
+    """`from .core import *` in pkg/__init__.py is pkg.core (in pkg/mod.py too): read as the parent's sibling,
+    numpy.ma's names looked missing, or a star import looked unreadable and hid a real missing name."""
+    assert pyast.module_info(ast.parse("from .core import *"), pyast.relative_base("numpy/ma/__init__.py")
+                             ).star_imports == ["numpy.ma.core"]
+    assert pyast.module_info(ast.parse("from .core import *"), pyast.relative_base("numpy/ma/extras.py")
+                             ).star_imports == ["numpy.ma.core"]
+    assert pyast.module_info(ast.parse("from ..core import x"), pyast.relative_base("numpy/ma/__init__.py")
+                             ).bindings["x"][0].module == "numpy.core"
+    host = {"hostlib/__init__.py": "", "hostlib/pkg/__init__.py": "from .core import *\n",
+            "hostlib/pkg/core.py": "def there():\n    pass\n"}
+    (tmp_path / "h").mkdir()
+    (tmp_path / "p").mkdir()
+    src = SourceSet({"hostlib": make_wheel(tmp_path / "h", "hostlib", host),
+                     "patcher": make_wheel(tmp_path / "p", "patcher", {
+                         "patcher/__init__.py": "from hostlib.pkg import there, not_there\n"})})
+    locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
+              "patcher": LockedPackage("patcher", "1.0", frozenset())}
+    d = discover.Discovery(load_stack("cpu"), src, locked, ["patcher"])
+    d.walk("patcher")
+    found = by_key(d)
+    assert "hostlib.pkg.there" not in found
+    assert found["hostlib.pkg.not_there"].rule is None  # read through the star import, not suppressed as unreadable
+
+
+def test_a_flag_imported_through_a_chain_is_read_however_deep_it_was_first_met(tmp_path: Path) -> None:
+    """A module whose flags were first read from deep in an import chain (imports not followed there) is read
+    again, whole, when its own statements are walked: cached half-read, its guard looked unknowable."""
+    files = {
+        "patcher/__init__.py": "",
+        "patcher/a.py": "from patcher.b import nothing\n",
+        "patcher/b.py": "from patcher.c import nothing\n",
+        "patcher/c.py": "from patcher.d import nothing\n",
+        "patcher/d.py": "from patcher.flags import is_v3\nif is_v3:\n    from hostlib.api import gone_v3\n",
+        "patcher/flags.py": "import hostlib\nfrom packaging.version import parse\n"
+                            "is_v3 = parse(hostlib.__version__) >= parse('3.0')\n",
+    }
+    assert "hostlib.api.gone_v3" not in by_key(two_as(tmp_path, files))  # hostlib 2.0: the guard is false
+
+
+def test_parses_run_one_at_a_time_with_the_collector_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython 3.11's AST conversion shares its recursion-depth state between threads (gh-106905: a
+    SystemError seen in the probes' thread pools), so pyast.parse lets one thread parse at a time."""
+    import gc
+    import threading
+    import time
+
+    real_parse = ast.parse
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    def slow_parse(text: str, *args: Any, **kwargs: Any) -> ast.Module:
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)
+        with guard:
+            inside[0] -= 1
+        return real_parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", slow_parse)
+    threads = [threading.Thread(target=pyast.parse, args=(f"x{i} = {i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    assert gc.isenabled()

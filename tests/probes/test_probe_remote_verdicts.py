@@ -6,13 +6,17 @@ not resolve is a clean error, the header shows the stack's toolkit and the host'
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import http.server
 import json
 import random
 import threading
+import time
+import urllib.parse
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,6 +68,18 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = Path(self.translate_path(self.path))
+        if path.is_dir():  # an index listing (PEP 691 JSON), gzip-encoded when the client accepts it, as PyPI does
+            data = (path / "index.json").read_bytes()
+            zipped = "gzip" in self.headers.get("Accept-Encoding", "")
+            body = gzip.compress(data) if zipped else data
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            if zipped:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         data = path.read_bytes()
         rng = self.headers.get("Range")
         if rng and self.ranges:
@@ -99,8 +115,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
 
 def _index(tmp: Path, monkeypatch: pytest.MonkeyPatch, base_url: str, files: list[Path],
            metadata: dict[str, bytes] | None = None) -> None:
-    """A PEP 691 index (read through wheels._get from disk) whose file URLs point at `base_url`."""
-    idx = tmp / "index" / "pkg"
+    """A PEP 691 index served by the test server at `base_url`/simple, whose file URLs point at `base_url`."""
+    idx = tmp / "srv" / "simple" / "pkg"
     idx.mkdir(parents=True, exist_ok=True)
     entries = []
     for f in files:
@@ -110,10 +126,10 @@ def _index(tmp: Path, monkeypatch: pytest.MonkeyPatch, base_url: str, files: lis
             e["core-metadata"] = {"sha256": hashlib.sha256(metadata[f.name]).hexdigest()}
         entries.append(e)
     (idx / "index.json").write_text(json.dumps({"files": entries}))
-    monkeypatch.setattr(wheels, "INDEX_URL", (tmp / "index").as_uri())
-    real_get = wheels._get
-    monkeypatch.setattr(wheels, "_get", lambda url, accept=None, timeout=60: real_get(
-        url + "index.json" if url.endswith("/pkg/") else url, None, timeout))
+    monkeypatch.setattr(wheels, "INDEX_URL", f"{base_url}/simple")
+    if base_url.startswith("file:"):  # no server: the listing is read from its folder
+        monkeypatch.setattr(wheels, "_listing", lambda url: json.loads(
+            (Path(urllib.parse.urlsplit(url).path) / "index.json").read_text()))
 
 
 def test_members_are_range_read_checked_and_cached(server: tuple[str, Path, bool], tmp_path: Path,
@@ -256,3 +272,77 @@ def test_nvcc_must_have_torchs_cuda_major(tmp_path: Path, toolkit: str | None, c
     assert res.evidence[0].file == "torch/utils/cpp_extension.py" and res.evidence[0].line == 2
     if status == "fail":
         assert res.signature == "cuda-toolkit-major-mismatch" and "torch is built for CUDA 13.0" in res.reason
+
+
+def test_a_directory_beyond_the_first_request_comes_with_record_in_one_more(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's central directory is larger than the first request (the wheel's last TAIL bytes): the rest of
+    it and RECORD (written just before it) come in one request, and every member is still checked."""
+    monkeypatch.setattr(remote, "TAIL", 4096)
+    files = {f"pkg/m{i}.py": f"X{i} = {i}\n".encode() for i in range(400)}  # a directory of ~20 KB
+    w = make_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", files, lie_about="pkg/m3.py")
+    rw = RemoteWheel(w.name, w.as_uri(), "d" * 64, w.stat().st_size, tmp_path / "m")
+    before = remote.TRAFFIC.requests
+    assert rw.read("pkg/m7.py") == b"X7 = 7\n"
+    assert remote.TRAFFIC.requests - before <= 3  # tail, directory + RECORD, the member
+    with pytest.raises(RlstackError, match="does not match the wheel's RECORD"):
+        rw.read("pkg/m3.py")
+
+
+def test_reads_across_the_seams_of_parallel_chunks_are_not_fetched_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "FETCH_CHUNK", 1024)
+    w = make_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", {"pkg/a.py": b"A = 1\n"}, pad=20_000)
+    rf = remote.RangeFile(w.as_uri(), w.stat().st_size)
+    for lo in range(0, 8192, 1024):
+        rf.fetch(lo, lo + 1024)
+    before = remote.TRAFFIC.requests
+    rf.seek(1000)
+    assert rf.read(5000) == w.read_bytes()[1000:6000]  # spans five chunks
+    assert remote.TRAFFIC.requests == before
+
+
+def test_one_listing_per_package_when_two_stacks_ask_at_once(server: tuple[str, Path, bool], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """probe-fp8 runs fp8-report and fp8 side by side through one WheelCache: the index listing they share
+    is fetched once (gzip-encoded on the wire, as PyPI serves it)."""
+    url, root, _ = server
+    w = make_wheel(root / "pkg-1.0-py3-none-any.whl", {"pkg/__init__.py": b""})
+    _index(tmp_path, monkeypatch, url, [w])
+    seen: list[str] = []
+    real = remote.http_get
+
+    def counting(u: str, **kw: object) -> tuple[int, dict[str, str], bytes]:
+        seen.append(u)
+        return real(u, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(remote, "http_get", counting)
+    cache = WheelCache(root=tmp_path / "wheels", quiet=True)
+    digest = hashlib.sha256(w.read_bytes()).hexdigest()
+    pins = [LockedPackage("pkg", "1.0", frozenset({digest}))] * 4
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        chosen = list(pool.map(lambda p: cache.choose(p, PY, PLAT), pins))
+    assert {c["sha256"] for c in chosen} == {digest}
+    assert [u for u in seen if u.endswith("/simple/pkg/")] == [f"{url}/simple/pkg/"]
+
+
+def test_a_lost_dns_answer_costs_the_hedge_not_the_resolvers_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver here loses an answer now and then and waits 5 s to ask again: a lookup not answered within
+    DNS_HEDGE_S is sent again, the first answer wins, and each host is looked up once per process."""
+    stuck = threading.Event()
+    calls: list[str] = []
+
+    def getaddrinfo(host: str, port: int, **kw: object) -> list[tuple[object, ...]]:
+        calls.append(host)
+        if len(calls) == 1:
+            stuck.wait(10)  # the lost answer
+        return [(2, 1, 6, "", ("192.0.2.1", port))]
+
+    monkeypatch.setattr(remote.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(remote, "DNS_HEDGE_S", 0.05)
+    monkeypatch.setattr(remote, "_DNS", {})
+    t0 = time.perf_counter()
+    assert remote._resolve("files.example", 443)[0][4] == ("192.0.2.1", 443)
+    assert time.perf_counter() - t0 < 2 and len(calls) == 2
+    assert remote._resolve("files.example", 443) and len(calls) == 2  # cached
+    stuck.set()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -60,14 +62,8 @@ def _local_index(tmp: Path, monkeypatch: pytest.MonkeyPatch, files: list[Path], 
                for f in files]
     (idx / "index.json").write_text(json.dumps({"files": entries}))
     monkeypatch.setattr(wheels, "INDEX_URL", (tmp / "index").as_uri())
-    real_get = wheels._get
-
-    def fake_get(url: str, accept: str | None = None, timeout: float = 60):  # type: ignore[no-untyped-def]
-        if url.endswith("/pkg/"):
-            url = url + "index.json"
-        return real_get(url, None, timeout)
-
-    monkeypatch.setattr(wheels, "_get", fake_get)
+    monkeypatch.setattr(wheels, "_listing", lambda url: json.loads(
+        (Path(urllib.parse.urlsplit(url).path) / "index.json").read_text()))
 
 
 def _wheel(tmp: Path, filename: str, files: dict[str, bytes | str]) -> Path:
@@ -91,6 +87,7 @@ def test_fetch_verifies_hash_picks_platform_and_then_works_offline(tmp_path: Pat
     assert SourceSet({"pkg": got}).read("pkg", "pkg/__init__.py") == "X = 1\n"
     # warm: no network needed at all
     monkeypatch.setattr(wheels, "_get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network used")))
+    monkeypatch.setattr(wheels, "_listing", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network used")))
     assert WheelCache(root=tmp_path / "wheels", quiet=True).fetch(LockedPackage("pkg", "1.0", hashes), PY, PLAT) == got
 
 
@@ -171,6 +168,22 @@ def test_torch_arch_list_read_without_a_gpu(tmp_path: Path, archs: bytes, target
                              torch_wheel=src.wheels["torch"])
     assert res.status == status, res.reason
     assert archs.decode() in res.evidence[-1].text
+
+
+def test_arch_list_scan_finds_what_the_regex_finds_over_the_whole_library() -> None:
+    """The scan runs the regex only around ' sm_' / ' compute_'; on a blob with noise, decoys and lists at
+    both ends it picks what the regex over every byte picks."""
+    rnd = random.Random(1)
+    noise = bytes(rnd.randrange(256) for _ in range(50_000))
+    blob = (b"sm_80 sm_90" + noise + b"\x00compute_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\x00" + noise
+            + b"sm_1 xsm_50 msm_60" + noise[:100] + b"\x00sm_50 sm_60 compute_70")
+    full: list[str] = []
+    for m in toolchain.ARCH_LIST_RE.finditer(blob):
+        if len(m.group().split()) > len(full):
+            full = m.group().decode().split()
+    assert toolchain._arch_list(blob) == full == ["compute_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                                  "sm_120"]
+    assert toolchain._arch_list(noise) == []
 
 
 def test_shipped_rules_name_known_walls() -> None:

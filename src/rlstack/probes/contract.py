@@ -29,7 +29,7 @@ from rlstack.probes.wheels import SourceSet
 
 CONTRACTS_FILE = Path(__file__).with_name("contracts.yaml")
 # Parsed modules shared by every Analyzer of the process (a --suggest search analyses the same vLLM files
-# against dozens of unsloth releases); nothing mutates a tree (live_copy copies).
+# against dozens of unsloth releases); nothing mutates a tree (pyast.walk(live=True) prunes without copying).
 _TREES: dict[tuple[str, str], ast.Module | None] = {}
 
 
@@ -128,7 +128,7 @@ class Analyzer:
                 try:
                     with warnings.catch_warnings():  # a library's invalid escape is not ours to report
                         warnings.simplefilter("ignore")
-                        tree = ast.parse(text) if text is not None else None
+                        tree = pyast.parse(text) if text is not None else None
                 except SyntaxError:
                     tree = None
                 if len(_TREES) > 4000:
@@ -143,7 +143,7 @@ class Analyzer:
             return None
         key = (normalize(package), file)
         if key not in self._infos:
-            self._infos[key] = pyast.module_info(tree, _dotted(file))
+            self._infos[key] = pyast.module_info(tree, pyast.relative_base(file))
         return self._infos[key]
 
     def lookup(self, package: str, file: str, name: str, depth: int = 0) -> tuple[str, str, ast.AST | None, str]:
@@ -257,14 +257,7 @@ def _registry_lookup(v: ast.expr) -> tuple[str, str] | None:
 
 def _registry_value(tree: ast.Module, reg: str, key: str) -> str | None:
     """The name last stored under `reg[key] = name` in a module."""
-    found = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
-            for t in node.targets:
-                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == reg and \
-                        isinstance(t.slice, ast.Constant) and t.slice.value == key:
-                    found = node.value.id
-    return found
+    return pyast.registry_values(tree).get((reg, key))
 
 
 def _dotted(file: str) -> str:
@@ -293,8 +286,7 @@ def check_replaced_class(case: Case, an: Analyzer) -> ProbeResult:
                            "version: contract does not apply")
     for act in case.activated_by:
         tree = an.tree(act.package, act.file)
-        calls = sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
-                       and ast.unparse(n.func).split(".")[-1] == act.call) if tree else []
+        calls = pyast.call_lines(tree, act.call) if tree else []
         if calls:
             ev.append(Evidence(text=f"calls {act.call}() (which installs it)", package=act.package, file=act.file,
                                line=calls[0]))
@@ -372,7 +364,7 @@ def namespace_names(part: NamespacePart, an: Analyzer) -> tuple[set[str], list[E
             names |= set(pyast.module_info(pyast.parse_lenient(code)).bindings)
         return names, [], []
     else:
-        info = pyast.module_info(tree, _dotted(part.file))
+        info = pyast.module_info(tree, pyast.relative_base(part.file))
         ev = []
     names |= set(info.bindings)
     for star in info.star_imports:

@@ -8,11 +8,13 @@ read from the locked wheels (no import, no GPU):
    check, with the receivers found in B: `self.x = Name(...)` in the patched module and the classes that
    inherit from the one holding it); a function installed in place of B's function or method must accept
    the calls B makes to it (positional count and keywords).
-2. imports: every name A imports from B (`from B.x import Y`, `import B.x`, attribute chains on B modules)
-   on a path that runs in this stack: module level or a function body, under guards evaluated against the
-   lock (`TYPE_CHECKING` is false, `is_X_available()` is whether X is locked, version comparisons use the
-   locked version). A guard that does not hold removes the path; one that cannot be evaluated is a stated
-   suppression, not a finding.
+2. imports: every name A imports from B (`from B.x import Y`, `import B.x`) and every attribute A reads on
+   one of B's modules (`import B.x` then `B.x.Y`, `import B.x as m` then `m.Y`, `from B import x` then `x.Y`
+   where x is a submodule: the first name after the longest module prefix, checked like `from B.x import Y`),
+   on a path that runs in this stack, under guards evaluated against the lock (`TYPE_CHECKING` is false,
+   `is_X_available()` is whether X is locked, version comparisons use the locked version). A guard that does
+   not hold removes the path; one that cannot be evaluated, a try that catches the failure, or a function
+   body (in-function-import) is a stated suppression, not a finding.
 3. pastes: every function whose source A pastes (`container.append(inspect.getsource(f))`) into a code
    template must find its free names in what that template's module binds: the template's own code, the
    other sources pasted with it, and the module the container's key names (`RL_PRE_ITEMS["grpo_trainer"]`
@@ -36,7 +38,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -67,9 +69,12 @@ RULES: dict[str, str] = {
     "not-code": "what is assigned is not a class or function of A (a constant, a lambda, an expression): "
                 "there is no interface to compare",
     "unresolved": "the name cannot be traced to a class or function in the sources (built at runtime)",
-    "in-function-import": "an import inside a function body runs only when the function is called, and callers "
-                          "guard such deferred imports (a version check, a feature flag) in ways a static read "
-                          "cannot follow; module-level imports are checked",
+    "in-function-import": "an import (or a read of a module attribute, `B.x.Y`) inside a function body runs only "
+                          "when the function is called, and callers guard such deferred uses (a version check, a "
+                          "feature flag) in ways a static read cannot follow; module-level ones are checked",
+    "installed-by-a": "A itself assigns this name onto B's module elsewhere (a monkeypatch that adds it); whether "
+                      "the assignment runs before the read depends on the order A runs them, which a static read "
+                      "does not follow",
     "unreferenced-module": "no source of A imports or names this module (a script, a shipped cache of generated "
                            "code that A rewrites before importing): no import path reaches it",
 }
@@ -91,6 +96,7 @@ class Finding:
     evidence: list[Evidence]
     rule: str | None = None  # a suppression rule id, or None for a real finding
     key: str = ""  # stable id part
+    target: tuple[str, str] | None = None  # (B module, name) an import finding looks for
 
 
 @dataclass
@@ -110,6 +116,7 @@ class Ctx:
     caught: bool = False
     func: str | None = None
     local: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # name -> (module, attr) imports
+    shadow: frozenset[str] = frozenset()  # names the function binds itself (parameters, assignments)
 
 
 class Discovery:
@@ -119,6 +126,10 @@ class Discovery:
         self.tally = Tally()
         self._refs: dict[str, set[str]] = {}
         self._consts: dict[tuple[str, str], dict[str, object]] = {}
+        # A -> {(B module, name): (file, line)} that A assigns onto B's modules itself
+        self._installs: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
+        self._names: dict[tuple[str, str], str] = {}  # name_in_module's answers
+        self._compiled: dict[str, frozenset[str]] = {}  # package -> its compiled extensions' module paths
         self._collecting = False
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -130,17 +141,28 @@ class Discovery:
 
     def compiled(self, package: str, module: str) -> bool:
         """The module, or a package above it, is a compiled extension (torch._C._autograd lives in torch/_C.so)."""
+        if not package:
+            return False
+        if package not in self._compiled:  # 'torch/_C' for torch/_C.cpython-311-x86_64-linux-gnu.so, once
+            self._compiled[package] = frozenset(
+                n[: n.rfind("/") + 1] + n[n.rfind("/") + 1:].split(".", 1)[0]
+                for n in self.src.name_set(package) if n.endswith((".so", ".pyd")))
+        mods = self._compiled[package]
         parts = module.split(".")
-        names = self.src.name_set(package)
-        for i in range(len(parts), 0, -1):
-            base = "/".join(parts[:i])
-            if any(n.startswith(base + ".") and n.endswith((".so", ".pyd")) and "/" not in n[len(base):]
-                   for n in names):
-                return True
-        return False
+        return any("/".join(parts[:i]) in mods for i in range(len(parts), 0, -1))
 
     def name_in_module(self, module: str, name: str, depth: int = 0) -> str:
-        """'yes', 'no', or a suppression rule id, for `from module import name`."""
+        """'yes', 'no', or a suppression rule id, for `from module import name` (memoized: vLLM alone reads
+        thousands of torch attributes)."""
+        key = (module, name)
+        if depth == 0 and key in self._names:
+            return self._names[key]
+        got = self._name_in_module(module, name, depth)
+        if depth == 0:
+            self._names[key] = got
+        return got
+
+    def _name_in_module(self, module: str, name: str, depth: int) -> str:
         pkg = self.owner(module)
         if pkg is None:
             return "yes"
@@ -182,8 +204,13 @@ class Discovery:
         return val if isinstance(val, bool) else None
 
     def _eval(self, e: ast.expr, versions: dict[str, object]) -> object:
+        if _is_version_info(e):
+            return _PyVersion(tuple(int(x) for x in self.stack.python.split(".")[:2]))
         if isinstance(e, ast.Constant):
             return e.value
+        if isinstance(e, ast.Tuple):
+            items = [self._eval(x, versions) for x in e.elts]
+            return tuple(items) if all(isinstance(x, int) and not isinstance(x, bool) for x in items) else None
         if isinstance(e, ast.Name):
             if e.id == "TYPE_CHECKING":
                 return False
@@ -227,6 +254,8 @@ class Discovery:
             return None
         if isinstance(e, ast.Compare) and len(e.ops) == 1:
             left, right = self._eval(e.left, versions), self._eval(e.comparators[0], versions)
+            if isinstance(left, _PyVersion) or isinstance(right, _PyVersion):
+                return _compare_python(left, right, e.ops[0])
             if isinstance(e.ops[0], ast.Is | ast.IsNot) and left in (_FOUND, _MISSING) and \
                     isinstance(e.comparators[0], ast.Constant) and e.comparators[0].value is None:
                 return (left is _MISSING) == isinstance(e.ops[0], ast.Is)
@@ -249,7 +278,8 @@ class Discovery:
         if key in self._consts:
             return self._consts[key]
         out: dict[str, object] = {}
-        self._consts[key] = out
+        self._consts[key] = out  # a module importing from one that imports from it sees what is known so far
+        truncated = False
         tree = self.an.tree(package, file)
         for node in tree.body if tree else []:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -257,19 +287,36 @@ class Discovery:
                 if isinstance(v, _V | bool):
                     out[node.targets[0].id] = v
             elif isinstance(node, ast.ImportFrom):
-                mod = pyast._resolve_relative(node.module, node.level, contract._dotted(file))
+                mod = pyast._resolve_relative(node.module, node.level, pyast.relative_base(file))
                 pkg = self.owner(mod)
                 for a in node.names:
                     if a.name == "__version__" and pkg in self.locked:
                         out[a.asname or a.name] = _v(self.locked[pkg].version)
-                    elif depth < 3 and (loc := self.module_exists(mod)) and loc != key:
+                    elif (loc := self.module_exists(mod)) and loc != key:
+                        if depth >= 3:
+                            truncated = True
+                            continue
                         got = self.consts(loc[0], loc[1], depth + 1).get(a.name)
                         if got is not None:
                             out[a.asname or a.name] = got
+        if truncated:  # read from deep in a chain, without following its imports: not this module's answer
+            del self._consts[key]
         return out
 
-    def add(self, kind: str, a: str, b: str, message: str, ev: list[Evidence], rule: str | None, key: str) -> None:
-        self.tally.findings.append(Finding(kind, a, b, message, ev, rule, key))
+    def add(self, kind: str, a: str, b: str, message: str, ev: list[Evidence], rule: str | None, key: str,
+            target: tuple[str, str] | None = None) -> None:
+        self.tally.findings.append(Finding(kind, a, b, message, ev, rule, key, target))
+
+    def missing_root(self, module: str) -> str:
+        """The first dotted prefix of a module that is not in its package (what ModuleNotFoundError names):
+        `transformers.models.gemma4.configuration_gemma4` -> `transformers.models.gemma4`. One finding per
+        missing module, however many names are imported from it or its submodules."""
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if self.module_exists(prefix) is None and not self.compiled(self.owner(prefix) or "", prefix):
+                return prefix
+        return module
 
     # -- the walk over A's modules -------------------------------------------------------------------------
     def walk(self, a: str) -> None:
@@ -283,7 +330,7 @@ class Discovery:
                     continue
                 if collecting:
                     self._collect_strings(a, tree)
-                self._stmts(a, f, tree.body, Ctx(), self.consts(a, f), _module_imports(tree, contract._dotted(f)))
+                self._stmts(a, f, tree.body, Ctx(), self.consts(a, f), _module_imports(tree, pyast.relative_base(f)))
         self._collecting = False
 
     def _stmts(self, a: str, f: str, stmts: list[ast.stmt], ctx: Ctx, versions: dict[str, object],
@@ -292,11 +339,19 @@ class Discovery:
             if ctx.live is False:
                 return
             if isinstance(s, ast.If):
+                self._chains(a, f, [s.test], ctx, self._scope(imports, ctx))
                 g = self.guard(s.test, versions)
                 live_body = ctx.live if g is True else False if g is False else None if ctx.live else ctx.live
                 live_else = ctx.live if g is False else False if g is True else None if ctx.live else ctx.live
                 self._stmts(a, f, s.body, _with(ctx, live=live_body), versions, imports)
                 self._stmts(a, f, s.orelse, _with(ctx, live=live_else), versions, imports)
+                # an early exit (`if not permitted: return`, `if version < X: raise`): the rest of the block runs
+                # only on the path that did not exit, so it is under this guard's negation
+                body_exits, else_exits = _exits(s.body), _exits(s.orelse)
+                if (body_exits and else_exits) or (body_exits and g is True) or (else_exits and g is False):
+                    return
+                if (body_exits or else_exits) and g is None and ctx.live:
+                    ctx = _with(ctx, live=None)
                 continue
             if isinstance(s, ast.Try | ast.TryStar):
                 caught = ctx.caught or any(_catches(h) for h in s.handlers)
@@ -305,20 +360,35 @@ class Discovery:
                 self._stmts(a, f, s.finalbody, ctx, versions, imports)
                 continue  # except-branches are fallbacks: they run only when the body failed
             if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
+                # decorators and defaults run where the def is, in the enclosing path
+                self._chains(a, f, [*s.decorator_list, *s.args.defaults, *(d for d in s.args.kw_defaults if d)],
+                             ctx, self._scope(imports, ctx))
                 local = dict(ctx.local)
-                for sub in ast.walk(s):
-                    if isinstance(sub, ast.Import | ast.ImportFrom):
-                        local.update(_import_bindings(sub, contract._dotted(f)))
-                self._stmts(a, f, s.body, Ctx(ctx.live, ctx.caught, s.name, local), versions, imports)
+                imports_in, names_in = _function_scope(s, pyast.relative_base(f))
+                local.update(imports_in)
+                shadow = (ctx.shadow | names_in) - set(local)
+                self._stmts(a, f, s.body, Ctx(ctx.live, ctx.caught, s.name, local, shadow), versions, imports)
                 continue
             if isinstance(s, ast.ClassDef):
+                self._chains(a, f, [*s.decorator_list, *s.bases, *(k.value for k in s.keywords)], ctx,
+                             self._scope(imports, ctx))
                 self._stmts(a, f, s.body, ctx, versions, imports)
                 continue
             if isinstance(s, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
+                heads = [i.context_expr for i in s.items] if isinstance(s, ast.With | ast.AsyncWith) else \
+                    [s.test] if isinstance(s, ast.While) else [s.iter]
+                self._chains(a, f, heads, ctx, self._scope(imports, ctx))
                 self._stmts(a, f, s.body, ctx, versions, imports)
                 self._stmts(a, f, getattr(s, "orelse", []), ctx, versions, imports)
                 continue
-            self._statement(a, f, s, ctx, {**imports, **ctx.local})
+            self._statement(a, f, s, ctx, self._scope(imports, ctx))
+
+    @staticmethod
+    def _scope(imports: dict[str, tuple[str, str | None]], ctx: Ctx) -> dict[str, tuple[str, str | None]]:
+        """The imports a statement sees: the module's and the function's own, less the names the function
+        rebinds (a parameter called `model` is not the module imported as `model`)."""
+        scope = {**imports, **ctx.local}
+        return {k: v for k, v in scope.items() if k not in ctx.shadow or k in ctx.local} if ctx.shadow else scope
 
     def _rule(self, ctx: Ctx) -> str | None:
         return "caught" if ctx.caught else "guard-unknown" if ctx.live is None else None
@@ -338,7 +408,7 @@ class Discovery:
 
     def _collect_strings(self, a: str, tree: ast.Module) -> None:
         refs = self._refs.setdefault(a, set())
-        for node in ast.walk(tree):
+        for node in pyast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200 \
                     and re.fullmatch(r"[A-Za-z_][\w.]*", node.value):
                 refs.add(node.value)
@@ -348,15 +418,17 @@ class Discovery:
         if self._collecting:
             if isinstance(s, ast.ImportFrom | ast.Import):
                 refs = self._refs.setdefault(a, set())
-                for module, attr in _import_bindings(s, contract._dotted(f)).values():
+                for module, attr in _import_bindings(s, pyast.relative_base(f)).values():
                     refs.add(module)
                     if attr:
                         refs.add(f"{module}.{attr}")
                 if isinstance(s, ast.Import):
                     refs |= {x.name for x in s.names}
+            else:
+                self._collect_installs(a, f, s, scope)
             return
         if isinstance(s, ast.ImportFrom | ast.Import):
-            for local, (module, attr) in _import_bindings(s, contract._dotted(f)).items():
+            for local, (module, attr) in _import_bindings(s, pyast.relative_base(f)).items():
                 b = self.owner(module)
                 if b is None or b == a or b not in self.src.wheels:
                     continue
@@ -367,8 +439,10 @@ class Discovery:
                         x.name for x in s.names if (x.asname or x.name.split(".")[0]) == local)
                     if self.module_exists(full) or self.compiled(b, full):
                         continue
-                    self.add("import", a, b, f"ModuleNotFoundError: No module named '{full}' ({a} imports it{where})",
-                             ev, self._rule(ctx) or self._import_rule(a, f, ctx), f"{full}")
+                    root = self.missing_root(full)
+                    self.add("import", a, b, f"ModuleNotFoundError: No module named '{root}' ({a} imports {full}"
+                             f"{where}; {b} {self.locked[b].version} does not have it)",
+                             ev, self._rule(ctx) or self._import_rule(a, f, ctx), root)
                     continue
                 got = self.name_in_module(module, attr)
                 if got == "yes":
@@ -376,12 +450,19 @@ class Discovery:
                 rule = self._rule(ctx) or (got if got in RULES else None) or self._import_rule(a, f, ctx)
                 if got == "no-module" and self.compiled(b, module):
                     rule = "compiled-module"
+                if rule is None and self._installed_by_a(a, module, attr):
+                    rule = "installed-by-a"
+                if got == "no-module":
+                    root = self.missing_root(module)
+                    self.add("import", a, b, f"ModuleNotFoundError: No module named '{root}' ({a} imports {module}"
+                             f"{where}; {b} {self.locked[b].version} does not have it)", ev, rule, root)
+                    continue
                 msg = (f"ImportError: cannot import name '{attr}' from '{module}' ({a} imports it{where}; "
-                       f"{b} {self.locked[b].version} does not define it)") if got != "no-module" else \
-                    f"ModuleNotFoundError: No module named '{module}' ({a} imports it{where})"
-                self.add("import", a, b, msg, ev, rule, f"{module}.{attr}")
+                       f"{b} {self.locked[b].version} does not define it)")
+                self.add("import", a, b, msg, ev, rule, f"{module}.{attr}", (module, attr))
             return
-        for node in ast.walk(s):
+        self._chains(a, f, [s], ctx, scope)
+        for node in pyast.walk(s):
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Attribute):
@@ -394,6 +475,97 @@ class Discovery:
                     self._replacement(a, f, fake, target, ctx, scope)
                 elif node.keywords:
                     self._keywords(a, f, node, ctx, scope)
+
+    def _collect_installs(self, a: str, f: str, s: ast.stmt, scope: dict[str, tuple[str, str | None]]) -> None:
+        """First pass: every `B.mod.NAME = ...` and `setattr(B.mod, "NAME", ...)` in A, as (module, NAME), with
+        where it is."""
+        got = self._installs.setdefault(a, {})
+        for node in pyast.walk(s):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = [t for t in node.targets if isinstance(t, ast.Attribute)]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and \
+                    len(node.args) == 3 and isinstance(node.args[1], ast.Constant) and \
+                    isinstance(node.args[1].value, str):
+                targets = [ast.Attribute(value=node.args[0], attr=node.args[1].value, ctx=ast.Store())]
+            for t in targets:
+                assert isinstance(t, ast.Attribute)
+                hit = self._module_chain(t, scope)
+                if hit is not None and len(hit[1]) == 1:
+                    got.setdefault((hit[0], hit[1][0]), (f, getattr(node, "lineno", 0)))
+
+    def _installed_by_a(self, a: str, module: str, name: str) -> bool:
+        return (module, name) in self._installs.get(a, {})
+
+    def installed_elsewhere(self, a: str, target: tuple[str, str]) -> list[tuple[str, str, int]]:
+        """(package, file, line) where another of the A packages assigns this name onto B's module: a name B
+        lacks but a monkeypatch adds, so A's import works only when that package ran first."""
+        return [(a2, *sites[target]) for a2, sites in sorted(self._installs.items()) if a2 != a and target in sites]
+
+    # -- attribute chains on B's modules (`import B.x` then `B.x.Y`, `import B.x as m` then `m.Y`) -----------
+    def _module_chain(self, node: ast.Attribute, scope: dict[str, tuple[str, str | None]]
+                      ) -> tuple[str, list[str]] | None:
+        """(the longest module prefix, the names after it) of an attribute chain whose root name is bound to a
+        module (`import B.x`, `import B.x as m`, `from B import x` where x is a submodule); None otherwise."""
+        chain: list[str] = []
+        e: ast.expr = node
+        while isinstance(e, ast.Attribute):
+            chain.insert(0, e.attr)
+            e = e.value
+        if not isinstance(e, ast.Name) or e.id not in scope:
+            return None
+        module, attr = scope[e.id]
+        root = module if attr is None else f"{module}.{attr}"
+        if not root or self.owner(root) is None or self.module_exists(root) is None:
+            return None  # not a module of the sources (a class or function imported by name, or a stdlib module)
+        names = [*root.split("."), *chain]
+        base = len(root.split("."))
+        for i in range(len(names) - 1, base - 1, -1):
+            if self.module_exists(".".join(names[:i])):
+                return ".".join(names[:i]), names[i:]
+        return None  # pragma: no cover - root itself is a module
+
+    def _chains(self, a: str, f: str, nodes: Sequence[ast.AST], ctx: Ctx,
+                scope: dict[str, tuple[str, str | None]]) -> None:
+        """Every attribute read on one of B's modules in these nodes (not inside nested defs, which _stmts
+        walks with their own context) is checked like `from <module> import <name>`: the first name after the
+        longest module prefix must be bound there (a submodule, a module-level name, a plain __getattr__ name).
+        A store (`B.x.Y = v`) does not need Y; its receiver `B.x` is read and checked."""
+        if self._collecting or ctx.live is False or not scope:
+            return
+        done: set[tuple[str, str]] = set()
+        inner: set[int] = set()
+        for top in nodes:
+            for node in _walk_no_defs(top):
+                if not isinstance(node, ast.Attribute):
+                    continue
+                if isinstance(node.ctx, ast.Load):
+                    inner.add(id(node.value))  # only the longest chain is checked: it decides the same name
+                if id(node) in inner or not isinstance(node.ctx, ast.Load):
+                    continue
+                hit = self._module_chain(node, scope)
+                if hit is None:
+                    continue
+                module, rest = hit
+                b = self.owner(module)
+                if b is None or b == a or b not in self.src.wheels or (module, rest[0]) in done:
+                    continue
+                done.add((module, rest[0]))
+                self._chain_name(a, f, node, module, rest[0], b, ctx)
+
+    def _chain_name(self, a: str, f: str, node: ast.Attribute, module: str, name: str, b: str, ctx: Ctx) -> None:
+        self.tally.checked["import"] += 1
+        got = self.name_in_module(module, name)
+        if got == "yes":
+            return
+        where = f" in {ctx.func}()" if ctx.func else f" when {contract._dotted(f)} is imported"
+        rule = self._rule(ctx) or (got if got in RULES else None) or self._import_rule(a, f, ctx)
+        if rule is None and self._installed_by_a(a, module, name):
+            rule = "installed-by-a"
+        ev = [Evidence(text=ast.unparse(node)[:200], package=a, file=f, line=node.lineno)]
+        msg = (f"AttributeError: module '{module}' has no attribute '{name}' ({a} reads {ast.unparse(node)[:120]}"
+               f"{where}; {b} {self.locked[b].version} does not define it)")
+        self.add("import", a, b, msg, ev, rule, f"{module}.{name}", (module, name))
 
     # -- replacements --------------------------------------------------------------------------------------
     def _target(self, t: ast.expr, scope: dict[str, tuple[str, str | None]]) -> tuple[str, list[str]] | None:
@@ -433,7 +605,7 @@ class Discovery:
         if status == "found" and node is not None:
             return pkg, file, node
         tree = self.an.tree(a, f)
-        for n in ast.walk(tree) if tree else []:
+        for n in pyast.walk(tree) if tree else []:
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and n.name == name:
                 return a, f, n
         return None
@@ -490,8 +662,8 @@ class Discovery:
         module, used there and in B's classes that inherit from the class holding it."""
         tree = self.an.tree(*loc)
         out: dict[str, list[str]] = {}
-        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if tree else []:
-            for n in ast.walk(cls):
+        for cls in pyast.nodes(tree, ast.ClassDef) if tree else []:
+            for n in pyast.walk(cls):
                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
                         ast.unparse(n.value.func).split(".")[-1] == name:
                     for t in n.targets:
@@ -519,12 +691,12 @@ class Discovery:
         method = len(path) == 2
         calls: list[ast.Call] = []
         if method:
-            cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == path[0]), None)
-            for n in ast.walk(cls) if cls else []:
+            cls = next((n for n in pyast.nodes(tree, ast.ClassDef) if n.name == path[0]), None)
+            for n in pyast.walk(cls) if cls else []:
                 if isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{path[1]}":
                     calls.append(n)
         elif len(path) == 1:
-            calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            calls = [n for n in pyast.nodes(tree, ast.Call) if isinstance(n.func, ast.Name)
                      and n.func.id == path[0]]
         params = _params(vnode)
         for call in calls:
@@ -631,7 +803,7 @@ class Discovery:
             if "getsource" not in text or ".append(" not in text:
                 continue
             tree = self.an.tree(a, f)
-            for node in ast.walk(tree) if tree else []:
+            for node in pyast.walk(tree) if tree else []:
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                         node.func.attr == "append" and isinstance(node.func.value, ast.Subscript) and node.args:
                     cont = ast.unparse(node.func.value).replace("'", '"')
@@ -676,10 +848,10 @@ class Discovery:
             if ".format(" not in text or base not in text:
                 continue
             tree = self.an.tree(a, f)
-            for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] if tree else []:
-                joined = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and base in ast.unparse(n.value)
+            for fn in pyast.nodes(tree, ast.FunctionDef) if tree else []:
+                joined = {t.id for n in pyast.walk(fn) if isinstance(n, ast.Assign) and base in ast.unparse(n.value)
                           and ".join(" in ast.unparse(n.value) for t in n.targets if isinstance(t, ast.Name)}
-                for n in ast.walk(fn):
+                for n in pyast.walk(fn):
                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "format" \
                             and isinstance(n.func.value, ast.Name) and any(
                                 isinstance(k.value, ast.Name) and k.value.id in joined for k in n.keywords):
@@ -723,7 +895,7 @@ class Discovery:
                         if b2.kind == "import" and b2.module and (loc := self.module_exists(b2.module)):
                             yield loc
         for module, _ in _module_imports(self.an.tree(a, f) or ast.Module(body=[], type_ignores=[]),
-                                         contract._dotted(f)).values():
+                                         pyast.relative_base(f)).values():
             loc = self.module_exists(module)
             if loc:
                 yield loc
@@ -744,10 +916,10 @@ def _getattr_names(info: pyast.ModuleInfo) -> set[str] | None:
     if not (isinstance(last, ast.Raise) and last.exc is not None and "AttributeError" in ast.unparse(last.exc)):
         return None
     names: set[str] = set()
-    for n in ast.walk(fn):
+    for n in pyast.walk(fn):
         if isinstance(n, ast.Compare) and ast.unparse(n.left) == arg:
             for c in n.comparators:
-                for k in ast.walk(c):
+                for k in pyast.walk(c):
                     if isinstance(k, ast.Constant) and isinstance(k.value, str):
                         names.add(k.value)
         if isinstance(n, ast.Compare) and any(ast.unparse(c) == arg for c in n.comparators) and \
@@ -759,6 +931,40 @@ def _getattr_names(info: pyast.ModuleInfo) -> set[str] | None:
                 elif isinstance(b.node, ast.Assign):
                     return None
     return names
+
+
+@dataclass(frozen=True)
+class _PyVersion:
+    """sys.version_info of the stack's Python, as (major, minor): what a `sys.version_info >= (3, 10)` guard
+    is decided by (the stack's python in stack.toml, not this machine's)."""
+
+    v: tuple[int, ...]
+
+
+def _is_version_info(e: ast.expr) -> bool:
+    """`sys.version_info` or `sys.version_info[:2]` (also imported bare as version_info)."""
+    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Slice) and e.slice.lower is None and \
+            isinstance(e.slice.upper, ast.Constant) and e.slice.upper.value in (2, 3):
+        e = e.value
+    return (isinstance(e, ast.Attribute) and e.attr == "version_info" and isinstance(e.value, ast.Name)
+            and e.value.id == "sys") or (isinstance(e, ast.Name) and e.id == "version_info")
+
+
+def _compare_python(left: object, right: object, op: ast.cmpop) -> bool | None:
+    """A comparison of the stack's Python version with a tuple of ints; None for anything else (a patch
+    level, a release level: the stack pins only major.minor)."""
+    def as_tuple(x: object) -> tuple[int, ...] | None:
+        if isinstance(x, _PyVersion):
+            return x.v
+        if isinstance(x, tuple) and x and all(isinstance(i, int) for i in x):
+            return x
+        return None
+
+    lv, rv = as_tuple(left), as_tuple(right)
+    if lv is None or rv is None or len(lv) > 2 or len(rv) > 2:
+        return None
+    return {ast.Lt: lv < rv, ast.LtE: lv <= rv, ast.Gt: lv > rv, ast.GtE: lv >= rv, ast.Eq: lv == rv,
+            ast.NotEq: lv != rv}.get(type(op))
 
 
 class _V:
@@ -817,8 +1023,49 @@ def _with(ctx: Ctx, **kw: object) -> Ctx:
     return Ctx(**{**ctx.__dict__, **kw})
 
 
+def _exits(stmts: list[ast.stmt]) -> bool:
+    """The block always leaves its enclosing block (return, raise, continue or break on every path through it)."""
+    if not stmts:
+        return False
+    last = pyast.reachable(stmts)[-1]
+    if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
+        return True
+    return isinstance(last, ast.If) and _exits(last.body) and _exits(last.orelse)
+
+
+def _walk_no_defs(node: ast.AST) -> Iterator[ast.AST]:
+    """pyast.walk, but not into nested function, lambda or class bodies (they run later, in another context)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        if n is not node and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(n))))
+
+
+def _function_scope(fn: ast.FunctionDef | ast.AsyncFunctionDef, current: str
+                    ) -> tuple[dict[str, tuple[str, str | None]], frozenset[str]]:
+    """In one walk: the imports anywhere in a function ({local name: (module, attr)}), and the names it binds
+    itself (parameters, assignments, loop and with targets, less those it declares global), which inside it
+    hide module-level imports of the same name."""
+    a = fn.args
+    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                              *([a.kwarg] if a.kwarg else [])]}
+    glob: set[str] = set()
+    imports: dict[str, tuple[str, str | None]] = {}
+    for n in pyast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.Global | ast.Nonlocal):
+            glob |= set(n.names)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            imports.update(_import_bindings(n, current))
+    return imports, frozenset(names - glob)
+
+
 def _import_bindings(s: ast.Import | ast.ImportFrom, current: str) -> dict[str, tuple[str, str | None]]:
-    """{local name: (module, attribute or None)} an import statement binds."""
+    """{local name: (module, attribute or None)} an import statement binds (`current`: pyast.relative_base)."""
     out: dict[str, tuple[str, str | None]] = {}
     if isinstance(s, ast.Import):
         for x in s.names:
@@ -834,7 +1081,7 @@ def _import_bindings(s: ast.Import | ast.ImportFrom, current: str) -> dict[str, 
 def _module_imports(tree: ast.Module, current: str) -> dict[str, tuple[str, str | None]]:
     out: dict[str, tuple[str, str | None]] = {}
     for s in tree.body:
-        for node in ast.walk(s) if isinstance(s, ast.If | ast.Try | ast.TryStar) else [s]:
+        for node in pyast.walk(s) if isinstance(s, ast.If | ast.Try | ast.TryStar) else [s]:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 out.update(_import_bindings(node, current))
     return out
@@ -897,11 +1144,19 @@ def _as_results(d: Discovery, errors: dict[str, str]) -> list[ProbeResult]:
     for f in real:
         pid = f"discovered:{f.a}->{f.b}:{f.kind}:{f.key}"
         if pid in by_id:  # the same break reached from another site: one finding, every site as evidence
-            if len(by_id[pid].evidence) < 12:
+            if len(by_id[pid].evidence) < 12 and f.evidence[0] not in by_id[pid].evidence:
                 by_id[pid].evidence.append(f.evidence[0])
             continue
         seen.add(pid)
-        by_id[pid] = ProbeResult(id=pid, layer="contract", status="fail", reason=f.message, evidence=f.evidence[:8])
+        reason, ev = f.message, f.evidence[:8]
+        others = d.installed_elsewhere(f.a, f.target) if f.target else []
+        if others:  # say who papers over it, and that it holds only in that import order
+            pkg, file, line = others[0]
+            reason += (f"; {pkg} assigns {'.'.join(f.target or ())} itself ({file}:{line}), so this works only when "
+                       f"{pkg} is imported before {f.a}")
+            ev = [*ev, *(Evidence(text=f"{p} assigns {'.'.join(f.target or ())}", package=p, file=fl, line=ln)
+                         for p, fl, ln in others[:3])]
+        by_id[pid] = ProbeResult(id=pid, layer="contract", status="fail", reason=reason, evidence=ev)
         out.append(by_id[pid])
     sup = d.tally.suppressed()
     checked = d.tally.checked

@@ -18,12 +18,16 @@ Members are cached on disk under the wheel's sha256, so a warm run opens no conn
 from __future__ import annotations
 
 import base64
+import gzip as _gzip
 import hashlib
 import http.client
 import io
 import json
 import os
+import queue
+import socket
 import ssl
+import struct
 import threading
 import urllib.parse
 import zipfile
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlstack.core.errors import RlstackError
 
@@ -66,27 +71,106 @@ class Traffic:
 
 
 TRAFFIC = Traffic()
-_local = threading.local()
+_IDLE: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}
+_IDLE_LOCK = threading.Lock()
+
+
+DNS_HEDGE_S = 1.0  # a lookup not answered by then is sent again (see _resolve)
+_DNS: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+_DNS_LOCK = threading.Lock()
+
+
+def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
+    """getaddrinfo, once per host for the process, hedged: the resolver here loses about one answer in 30 and
+    then waits its 5 s timeout before asking again (measured: a cold probe-fp8 took 7 s instead of 3 when a
+    connection hit it). A lookup still unanswered after DNS_HEDGE_S is sent again and the first answer wins;
+    TLS still verifies the certificate against the host name."""
+    key = (host, port)
+    with _DNS_LOCK:
+        if key in _DNS:
+            return _DNS[key]
+    answers: queue.Queue[list[tuple[Any, ...]] | OSError] = queue.Queue()
+
+    def look() -> None:
+        try:
+            answers.put(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            answers.put(exc)
+
+    threading.Thread(target=look, daemon=True).start()
+    sent = 1
+    try:
+        got = answers.get(timeout=DNS_HEDGE_S)
+    except queue.Empty:
+        threading.Thread(target=look, daemon=True).start()
+        sent += 1
+        got = answers.get()
+    if isinstance(got, OSError) and sent == 2:  # the other lookup may still answer
+        got = answers.get()
+    if isinstance(got, OSError):
+        raise got
+    with _DNS_LOCK:
+        _DNS[key] = got
+    return got
+
+
+def _create_connection(address: tuple[str, int], timeout: Any = socket._GLOBAL_DEFAULT_TIMEOUT,  # type: ignore[attr-defined]
+                       source_address: tuple[str, int] | None = None) -> socket.socket:
+    """socket.create_connection over _resolve's cached, hedged lookup (what http.client calls to connect)."""
+    host, port = address
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in _resolve(host, port):
+        sock = socket.socket(family, kind, proto)
+        try:
+            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:  # type: ignore[attr-defined]
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error or OSError(f"cannot connect to {host}:{port}")
 
 
 def _connection(scheme: str, host: str, ctx_factory: Callable[[], ssl.SSLContext]) -> http.client.HTTPConnection:
-    """One persistent connection per (thread, scheme, host): a TLS handshake per request costs more than a
-    small member's bytes."""
-    pool: dict[tuple[str, str], http.client.HTTPConnection] = getattr(_local, "pool", None) or {}
-    _local.pool = pool
-    key = (scheme, host)
-    if key not in pool:
-        if scheme == "https":
-            pool[key] = http.client.HTTPSConnection(host, timeout=120, context=ctx_factory())
-        else:
-            pool[key] = http.client.HTTPConnection(host, timeout=120)
-    return pool[key]
+    """An idle persistent connection to (scheme, host), or a new one: a TLS handshake costs more round trips
+    than a small member's bytes, and the probes' thread pools come and go (each fetch_sources and prefetch
+    has its own), so connections are shared by the process, not kept per thread. Give it back with _release
+    after a response was read whole."""
+    with _IDLE_LOCK:
+        idle = _IDLE.get((scheme, host))
+        if idle:
+            return idle.pop()
+    conn: http.client.HTTPConnection
+    if scheme == "https":
+        conn = http.client.HTTPSConnection(host, timeout=120, context=ctx_factory())
+    else:
+        conn = http.client.HTTPConnection(host, timeout=120)
+    conn._create_connection = _create_connection  # type: ignore[attr-defined]
+    return conn
+
+
+def _release(scheme: str, host: str, conn: http.client.HTTPConnection) -> None:
+    with _IDLE_LOCK:
+        _IDLE.setdefault((scheme, host), []).append(conn)
+
+
+def _drop_idle(scheme: str, host: str) -> None:
+    with _IDLE_LOCK:
+        idle = _IDLE.pop((scheme, host), [])
+    for c in idle:
+        c.close()
 
 
 def http_get(url: str, *, start: int | None = None, end: int | None = None, accept: str | None = None,
-             ctx_factory: Callable[[], ssl.SSLContext] | None = None) -> tuple[int, dict[str, str], bytes]:
+             ctx_factory: Callable[[], ssl.SSLContext] | None = None, gzip: bool = False
+             ) -> tuple[int, dict[str, str], bytes]:
     """GET url (bytes start..end inclusive when given; start<0 = the last -start bytes). Follows redirects;
-    retries once on a connection the server closed. file:// URLs read the local file (ranges honoured)."""
+    retries once on a connection the server closed. file:// URLs read the local file (ranges honoured).
+    `gzip`: accept a gzip-encoded body (never with ranges: those are offsets into the file) and return it
+    decoded; TRAFFIC counts the bytes on the wire."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
         data = Path(urllib.parse.unquote(parts.path)).read_bytes()
@@ -100,7 +184,8 @@ def http_get(url: str, *, start: int | None = None, end: int | None = None, acce
         return 206, {"content-range": f"bytes {lo}-{hi}/{len(data)}"}, body
     from rlstack.probes.wheels import ssl_context
 
-    headers = {"User-Agent": "rlstack-probes", "Accept-Encoding": "identity"}
+    headers = {"User-Agent": "rlstack-probes",
+               "Accept-Encoding": "gzip" if gzip and start is None else "identity"}
     if accept:
         headers["Accept"] = accept
     if start is not None:
@@ -115,16 +200,22 @@ def http_get(url: str, *, start: int | None = None, end: int | None = None, acce
             resp = conn.getresponse()
             body = resp.read()
         except (http.client.HTTPException, OSError):
-            conn.close()
-            _local.pool.pop((parts.scheme, parts.netloc), None)
+            conn.close()  # a connection the server closed while idle: its idle peers likely are closed too,
+            _drop_idle(parts.scheme, parts.netloc)  # so the retry opens a fresh one
             if attempt == 2:
                 raise
             continue
+        if resp.will_close:
+            conn.close()
+        else:
+            _release(parts.scheme, parts.netloc, conn)
         got = {k.lower(): v for k, v in resp.getheaders()}
         TRAFFIC.add(len(body))
         if resp.status in (301, 302, 303, 307, 308) and "location" in got:
             return http_get(urllib.parse.urljoin(url, got["location"]), start=start, end=end, accept=accept,
-                            ctx_factory=ctx_factory)
+                            ctx_factory=ctx_factory, gzip=gzip)
+        if got.get("content-encoding", "").lower() == "gzip":
+            body = _gzip.decompress(body)
         return resp.status, got, body
     raise OSError(f"cannot fetch {url}")  # pragma: no cover - the loop returns or raises
 
@@ -136,6 +227,7 @@ class RangeFile(io.RawIOBase):
     def __init__(self, url: str, size: int | None = None) -> None:
         self.url = url
         self.spans: list[tuple[int, bytes]] = []
+        self._spans_lock = threading.Lock()  # prefetch's threads append while another may read
         self.pos = 0
         if size is None:
             size = self._probe_size()
@@ -167,9 +259,24 @@ class RangeFile(io.RawIOBase):
         return self.pos
 
     def _cached(self, lo: int, hi: int) -> bytes | None:
-        for start, data in self.spans:
-            if start <= lo and hi <= start + len(data):
-                return data[lo - start: hi - start]
+        """Bytes [lo, hi) from the spans fetched so far, joined across neighbouring spans (prefetch fetches a
+        large member as several parallel chunks; a read across their seams must not fetch it again)."""
+        if lo >= hi:
+            return b""
+        with self._spans_lock:
+            spans = sorted(self.spans, key=lambda sp: sp[0])
+        parts: list[bytes] = []
+        pos = lo
+        for start, data in spans:
+            end = start + len(data)
+            if start <= pos < end:
+                take = data[pos - start: min(hi, end) - start]
+                parts.append(take)
+                pos += len(take)
+                if pos >= hi:
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+            elif start > pos:
+                break
         return None
 
     def fetch(self, lo: int, hi: int) -> None:
@@ -184,7 +291,8 @@ class RangeFile(io.RawIOBase):
         if total.isdigit() and int(total) != self.size:
             raise RlstackError(f"{self.url}: the server says the file has {total} bytes, the index {self.size}",
                                "the file changed on the index; re-lock before trusting it")
-        self.spans.append((lo, body))
+        with self._spans_lock:
+            self.spans.append((lo, body))
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
@@ -203,12 +311,31 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
-def _record_digest(value: str) -> str | None:
-    """RECORD's 'sha256=<urlsafe base64, no padding>' as hex."""
-    algo, _, b64 = value.partition("=")
+def _directory_and_record(raw: RangeFile) -> None:
+    """When the first request (the wheel's last TAIL bytes) did not reach back to the start of the central
+    directory (torch's is over 1 MB), fetch the rest of it, and as many bytes again before it, in one request:
+    RECORD is written just before the directory and is about its size, so the directory and RECORD cost one
+    round trip instead of three (directory, RECORD's local header, RECORD's data). zipfile then reads both
+    from the spans. A zip64 or unusual end record is left to zipfile to read as it would."""
+    if not raw.spans:
+        return
+    start, tail = raw.spans[-1]
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return
+    cd_size, cd_offset = struct.unpack("<II", tail[at + 12: at + 20])
+    if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or cd_offset >= start:
+        return  # zip64, or the directory is already in the tail
+    raw.fetch(max(0, cd_offset - cd_size), start)
+
+
+def _record_matches(data: bytes, field: str) -> bool:
+    """Whether bytes match RECORD's hash field 'sha256=<urlsafe base64, no padding>' (PEP 376/427). A field
+    in another algorithm vouches for nothing this checks, as before: it passes (wheels write sha256)."""
+    algo, _, b64 = field.partition("=")
     if algo != "sha256" or not b64:
-        return None
-    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+        return True
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() == b64.rstrip("=")
 
 
 class RemoteWheel:
@@ -261,6 +388,7 @@ class RemoteWheel:
             try:
                 if self._raw is None:
                     self._raw = RangeFile(self.url, self.size)
+                    _directory_and_record(self._raw)
                 self._zip = zipfile.ZipFile(self._raw)
             except RangesRefused:
                 host = urllib.parse.urlsplit(self.url).netloc
@@ -288,7 +416,9 @@ class RemoteWheel:
                     None)
 
     def record(self) -> dict[str, str | None]:
-        """{member: sha256 hex (None where RECORD lists none: RECORD itself)} from the wheel's RECORD."""
+        """{member: its RECORD hash field, e.g. 'sha256=<urlsafe base64>' (None where RECORD lists none: RECORD
+        itself)} from the wheel's RECORD. Kept as written and compared when a member is read: torch's RECORD
+        lists 16,000 files, of which the probes read a handful."""
         if self._record is None:
             info = self._dist_info()
             if info is None:
@@ -297,7 +427,7 @@ class RemoteWheel:
             out: dict[str, str | None] = {}
             for line in text.splitlines():
                 name, _, rest = line.partition(",")
-                out[name] = _record_digest(rest.split(",")[0]) if rest else None
+                out[name] = rest.split(",", 1)[0] or None if rest else None
             self._record = out
         return self._record
 
@@ -311,7 +441,7 @@ class RemoteWheel:
         with self._lock:
             z = self._open()
             data = z.read(member)  # zipfile checks the CRC-32
-        if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+        if digest is not None and not _record_matches(data, digest):
             raise RlstackError(f"{self.filename}: {member} does not match the wheel's RECORD",
                                "the index served other bytes than the wheel holds; do not use it")
         if keep and len(data) <= BIG_MEMBER and ".." not in member.split("/"):
@@ -334,24 +464,33 @@ class RemoteWheel:
     def prefetch(self, members: list[str]) -> None:
         """Fetch the members not cached yet in as few range requests as their offsets allow (neighbours
         closer than MIN_FETCH share a request): reading a whole package's sources costs a few round trips."""
-        todo = [m for m in members if not (self.dir / "m" / m).is_file()]
+        todo = [m for m in members if not (self.dir / "m" / m).is_file() and m not in self._pack_names]
         if not todo:
             return
         with self._lock:
-            z = self._open()
-            raw = z.fp
-            if not isinstance(raw, RangeFile):
-                return
-            infos = {i.filename: i for i in z.infolist()}
-            spans = sorted((infos[m].header_offset, infos[m].header_offset + 30 + len(m.encode()) + 1024 +
-                            infos[m].compress_size) for m in todo if m in infos)
-            merged: list[list[int]] = []
-            for lo, hi in spans:
-                if merged and lo - merged[-1][1] < MIN_FETCH:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            chunks = [(a, min(a + FETCH_CHUNK, hi)) for lo, hi in merged for a in range(lo, hi, FETCH_CHUNK)]
+            self._fetch(self._open(), todo)
+
+    @staticmethod
+    def _fetch(z: zipfile.ZipFile, members: list[str]) -> None:
+        """Bring the members' bytes into the RangeFile's spans: neighbours closer than MIN_FETCH share a span,
+        spans are cut into FETCH_CHUNK requests run on PARALLEL connections. Nothing to do on a whole wheel."""
+        raw = z.fp
+        if not isinstance(raw, RangeFile):
+            return
+        infos = {i.filename: i for i in z.infolist()}
+        spans = sorted((infos[m].header_offset, infos[m].header_offset + 30 + len(m.encode()) + 1024 +
+                        infos[m].compress_size) for m in members if m in infos)
+        merged: list[list[int]] = []
+        for lo, hi in spans:
+            if merged and lo - merged[-1][1] < MIN_FETCH:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        chunks = [(a, min(a + FETCH_CHUNK, hi, raw.size)) for lo, hi in merged for a in range(lo, hi, FETCH_CHUNK)]
+        chunks = [c for c in chunks if c[0] < c[1] and raw._cached(*c) is None]
+        if len(chunks) == 1:
+            raw.fetch(*chunks[0])
+        elif chunks:
             with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
                 list(pool.map(lambda c: raw.fetch(*c), chunks))
 

@@ -11,6 +11,7 @@ hash of all of those: a warm run re-analyses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -114,6 +115,58 @@ def _cached_probe(key: Mapping[str, object], pid: str, layer: str, fn: Callable[
     return go
 
 
+def case_members(case: contract.Case) -> list[tuple[str, str]]:
+    """(package, file) of every source a contract case names (what its check opens first)."""
+    out = [(r.package, r.file) for r in (case.replacement, case.original) if r is not None]
+    if case.function is not None:
+        out.append((case.function.package, case.function.file))
+    out += [(s.package, s.file) for s in case.installed_at]
+    out += [(s.package, s.file) for s in case.activated_by]
+    out += [(s.package, s.file) for s in case.namespace]
+    out += [(u.package, f) for u in case.used_by for f in u.files]
+    if case.pasted_at is not None:
+        out.append((case.pasted_at.package, case.pasted_at.file))
+    return out
+
+
+def rule_members(rule: toolchain.Rule, sources: SourceSet) -> list[tuple[str, str]]:
+    """(package, file) of every member a toolchain rule reads: its cited lines, torch's version.py, and for the
+    arch-list rule the shared library, unless its arch list is already cached (the largest member the probes
+    read, ~9 MB: fetched from the start of the probe, its download overlaps the analysis instead of
+    following it)."""
+    out = [(rule.source.package, rule.source.file)]
+    if rule.toolkit_source is not None:
+        out.append((rule.toolkit_source.package, rule.toolkit_source.file))
+    if rule.kind == "toolkit_torch_major":
+        out.append(("torch", "torch/version.py"))
+    if rule.kind == "torch_arch" and sources.has("torch"):
+        torch = sources.wheels["torch"]
+        if isinstance(torch, RemoteWheel) and not toolchain.arch_list_cached(torch.sha256):
+            out.append(("torch", rule.library or "torch/lib/libtorch_python.so"))
+    return out
+
+
+def _prefetching(sources: SourceSet, members: list[tuple[str, str]], fn: Callable[[], ProbeResult]
+                 ) -> Callable[[], ProbeResult]:
+    """fn, after the members it names are fetched together: a case's check opens its files one after another
+    (a round trip each, from a cold cache); fetched up front, they cost one parallel round. Runs only when the
+    probe's result is not cached, so a warm run fetches nothing."""
+    def go() -> ProbeResult:
+        by_pkg: dict[str, list[str]] = {}
+        for pkg, f in members:
+            if sources.has(pkg):
+                by_pkg.setdefault(pkg, []).append(f)
+
+        def one(item: tuple[str, list[str]]) -> None:
+            # on failure the check reads the members itself and reports what it cannot read
+            with contextlib.suppress(RlstackError, OSError, KeyError, ValueError):
+                sources.reader(item[0]).prefetch(item[1])
+        with ThreadPoolExecutor(max_workers=max(1, len(by_pkg))) as pool:
+            list(pool.map(one, by_pkg.items()))
+        return fn()
+    return go
+
+
 def _unreadable(pid: str, layer: str, package: str, why: str) -> ProbeResult:
     """A probe whose packages are all locked but one of whose wheels cannot be read: it would have decided a
     wall, so it is undecided (never a pass), and the reason says what blocks it and how to fix that."""
@@ -188,7 +241,8 @@ def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
             else:
                 ckey: dict[str, object] = {"probe": pid, "case": c.model_dump(mode="json"),
                                            "wheels": {p: digests[p] for p in sorted(contract.case_packages(c))}}
-                jobs.append(_cached_probe(ckey, pid, "contract", functools.partial(contract.run_case, c, sources)))
+                jobs.append(_cached_probe(ckey, pid, "contract", _prefetching(
+                    sources, case_members(c), functools.partial(contract.run_case, c, sources))))
         for r in rules:
             pid = f"toolchain:{r.id}"
             absent = sorted(toolchain.rule_packages(r) - set(locked))
@@ -210,9 +264,11 @@ def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
                     "probe": aid, "rule": r.model_dump(mode="json"), "arch": arch, "toolkit": toolkit,
                     "torch_cuda": stack.torch.cuda, "torch": digests.get("torch"),
                     "wheels": {p: digests[p] for p in sorted(toolchain.rule_packages(r))}}
-                jobs.append(_cached_probe(key, aid, "toolchain", functools.partial(
+                check = functools.partial(
                     toolchain.evaluate, r, sources, gpu_arch=arch, toolkit=toolkit, torch_cuda=stack.torch.cuda,
-                    torch_wheel=sources.wheels.get("torch"))))
+                    torch_wheel=sources.wheels.get("torch"))
+                jobs.append(_cached_probe(key, aid, "toolchain",
+                                          _prefetching(sources, rule_members(r, sources), check)))
         futures = [pool.submit(j) if callable(j) else j for j in jobs]
         out += [f.result() if isinstance(f, Future) else f for f in futures]
         if "contract" in layers and discovered_only:

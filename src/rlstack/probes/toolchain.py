@@ -94,7 +94,7 @@ def torch_arch_list(wheel: Path | RemoteWheel | LocalWheel, member: str = "torch
         path = wheel.path if isinstance(wheel, LocalWheel) else wheel
         marker = path.with_name(path.name + ".sha256")
         digest = json.loads(marker.read_text())["sha256"] if marker.is_file() else sha256_file(path)
-    cache = cache_dir() / "facts" / f"torch-arch-{digest}.json"
+    cache = _arch_cache(digest)
     with _FACT_LOCKS.setdefault(digest, threading.Lock()):  # two stacks on one torch read it once
         if cache.is_file():
             return list(json.loads(cache.read_text()))
@@ -107,12 +107,40 @@ def torch_arch_list(wheel: Path | RemoteWheel | LocalWheel, member: str = "torch
 _FACT_LOCKS: dict[str, threading.Lock] = {}
 
 
+def _arch_cache(digest: str) -> Path:
+    return cache_dir() / "facts" / f"torch-arch-{digest}.json"
+
+
+def arch_list_cached(digest: str) -> bool:
+    """Whether the arch list of the torch wheel with this sha256 is cached (its library need not be read)."""
+    return _arch_cache(digest).is_file()
+
+
+_ARCH_CHARS = frozenset(b"smcoputeaf0123456789_ ")
+
+
 def _arch_list(data: bytes) -> list[str]:
+    """The longest arch list (ARCH_LIST_RE) in a shared library's bytes. A list has at least two entries, so
+    it contains b' sm_' or b' compute_': the regex runs only on the runs of arch-list characters around those
+    (the same matches as over the whole 30 MB, in a fraction of the time)."""
     found: list[str] = []
-    for m in ARCH_LIST_RE.finditer(data):
-        archs = m.group().decode().split()
-        if len(archs) > len(found):
-            found = archs
+    done: set[int] = set()
+    for needle in (b" sm_", b" compute_"):
+        at = data.find(needle)
+        while at >= 0:
+            lo = at
+            while lo > 0 and data[lo - 1] in _ARCH_CHARS:
+                lo -= 1
+            if lo not in done:
+                done.add(lo)
+                hi = at + len(needle)
+                while hi < len(data) and data[hi] in _ARCH_CHARS:
+                    hi += 1
+                for m in ARCH_LIST_RE.finditer(data, lo, hi):
+                    archs = m.group().decode().split()
+                    if len(archs) > len(found):
+                        found = archs
+            at = data.find(needle, at + 1)
     return found
 
 

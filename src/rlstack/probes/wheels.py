@@ -103,7 +103,14 @@ def ssl_context() -> ssl.SSLContext:
     from rlstack.host import settings
 
     ca = settings.ca_cert()
-    return ssl.create_default_context(cafile=str(ca)) if ca and ca.is_file() else ssl.create_default_context()
+    return _context(str(ca) if ca and ca.is_file() else None)
+
+
+@lru_cache(maxsize=4)
+def _context(cafile: str | None) -> ssl.SSLContext:
+    """One SSLContext per CA bundle for the process: loading a bundle costs tens of milliseconds of CPU, and a
+    cold probe opens a connection per thread and host."""
+    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
 _ssl_context = ssl_context
@@ -117,6 +124,34 @@ def _get(url: str, accept: str | None = None, timeout: float = 60) -> Any:
         raise WheelError(f"cannot fetch {url}: {exc}",
                          "check the network (PyPI) or warm the cache on a machine that has it "
                          f"(RLSTACK_CACHE={cache_dir()})") from None
+
+
+def _lists(files: list[dict[str, object]], version: str, hashes: frozenset[str]) -> bool:
+    """A cached listing answers for this pin: it holds a file the lock names (or, unlocked, that version)."""
+    return any(f["sha256"] in hashes for f in files) or (not hashes and any(
+        _version_of(str(f["filename"])) == version for f in files))
+
+
+def _listing(url: str) -> dict[str, Any]:
+    """A PEP 691 JSON listing, over the probes' persistent connections (rlstack.probes.remote: no TLS
+    handshake per package) and gzip-compressed on the wire (torch's listing is megabytes of JSON)."""
+    try:
+        status, headers, body = remote.http_get(url, accept="application/vnd.pypi.simple.v1+json", gzip=True)
+    except OSError as exc:
+        raise WheelError(f"cannot fetch {url}: {exc}",
+                         "check the network (PyPI) or warm the cache on a machine that has it "
+                         f"(RLSTACK_CACHE={cache_dir()})") from None
+    if status != 200:
+        raise WheelError(f"cannot fetch {url}: HTTP {status}",
+                         "check the network (PyPI) or warm the cache on a machine that has it "
+                         f"(RLSTACK_CACHE={cache_dir()})")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise WheelError(f"{url}: the index answered with something other than PEP 691 JSON "
+                         f"({headers.get('content-type', 'no content type')})",
+                         "set RLSTACK_INDEX_URL to an index that serves the JSON simple API") from None
+    return data if isinstance(data, dict) else {}
 
 
 def _entry(f: dict[str, Any]) -> dict[str, object]:
@@ -181,20 +216,30 @@ class WheelCache:
     ranges: bool = field(default_factory=lambda: os.environ.get("RLSTACK_WHOLE_WHEELS", "") != "1")
     _remote: dict[str, RemoteWheel] = field(default_factory=dict, repr=False)
     _remote_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _listings: dict[str, list[dict[str, object]]] = field(default_factory=dict, repr=False)
+    _listing_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
 
     def _index(self, name: str, version: str, hashes: frozenset[str]) -> list[dict[str, object]]:
-        idx = self.root / "index" / f"{name}.json"
-        if idx.is_file():
-            files = json.loads(idx.read_text())
-            if any(f["sha256"] in hashes for f in files) or (not hashes and any(
-                    _version_of(str(f["filename"])) == version for f in files)):
+        """The index's files of `name` (PEP 691), from memory, the disk cache or the index. One listing is
+        fetched once per cache object even when two stacks ask for it at the same moment (probe-fp8 runs
+        fp8-report and fp8 side by side, and they share vllm, torch, trl, flashinfer and unsloth's listing)."""
+        with self._remote_lock:
+            lock = self._listing_locks.setdefault(name, threading.Lock())
+        with lock:
+            files = self._listings.get(name)
+            if files is not None and _lists(files, version, hashes):
                 return files
-        with _get(f"{INDEX_URL}/{name}/", "application/vnd.pypi.simple.v1+json") as resp:
-            data = json.load(resp)
-        files = [_entry(f) for f in data.get("files", [])]
-        idx.parent.mkdir(parents=True, exist_ok=True)
-        remote.write_text(idx, json.dumps(files))
-        return files
+            idx = self.root / "index" / f"{name}.json"
+            if idx.is_file():
+                files = json.loads(idx.read_text())
+                if _lists(files, version, hashes):
+                    self._listings[name] = files
+                    return files
+            files = [_entry(f) for f in _listing(f"{INDEX_URL}/{name}/").get("files", [])]
+            idx.parent.mkdir(parents=True, exist_ok=True)
+            remote.write_text(idx, json.dumps(files))
+            self._listings[name] = files
+            return files
 
     def choose(self, pkg: LockedPackage, python: str, platform: str) -> dict[str, object]:
         """The file an installer would take for this pin: the best-scoring wheel among those whose sha256 the
@@ -433,8 +478,7 @@ class SourceSet:
         """top-level import name -> package, from the wheels' file lists."""
         owner: dict[str, str] = {}
         for pkg in self.wheels:
-            for n in self.names(pkg):
-                top = n.split("/", 1)[0]
+            for top in dict.fromkeys(n.split("/", 1)[0] for n in self.names(pkg)):  # torch: 16,000 names, 10 tops
                 if top.endswith(".py"):
                     top = top[:-3]
                 if "." not in top and not top.endswith("-info"):
