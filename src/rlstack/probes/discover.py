@@ -507,11 +507,7 @@ class Discovery:
                       ) -> tuple[str, list[str]] | None:
         """(the longest module prefix, the names after it) of an attribute chain whose root name is bound to a
         module (`import B.x`, `import B.x as m`, `from B import x` where x is a submodule); None otherwise."""
-        chain: list[str] = []
-        e: ast.expr = node
-        while isinstance(e, ast.Attribute):
-            chain.insert(0, e.attr)
-            e = e.value
+        e, chain = pyast.attribute_chain(node)
         if not isinstance(e, ast.Name) or e.id not in scope:
             return None
         module, attr = scope[e.id]
@@ -571,11 +567,7 @@ class Discovery:
     def _target(self, t: ast.expr, scope: dict[str, tuple[str, str | None]]) -> tuple[str, list[str]] | None:
         """(B module, attribute path inside it) for an assignment target like vllm.lora.worker_manager.X or
         TokenizerGroup.meth (a class imported from B)."""
-        chain: list[str] = []
-        e = t
-        while isinstance(e, ast.Attribute):
-            chain.insert(0, e.attr)
-            e = e.value
+        e, chain = pyast.attribute_chain(t)
         if not isinstance(e, ast.Name) or e.id not in scope:
             return None
         module, attr = scope[e.id]

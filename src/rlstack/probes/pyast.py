@@ -98,6 +98,15 @@ def last_name(e: ast.expr) -> str:
     return ast.unparse(e).split(".")[-1]
 
 
+def attribute_chain(node: ast.expr) -> tuple[ast.expr, list[str]]:
+    """The root of `a.b.c` and the attribute names after it (`a`, ["b", "c"]); a non-attribute is its own root."""
+    chain: list[str] = []
+    while isinstance(node, ast.Attribute):
+        chain.insert(0, node.attr)
+        node = node.value
+    return node, chain
+
+
 def call_lines(tree: ast.AST, name: str) -> list[int]:
     """Lines of every call whose callee's last dotted part is `name` (`patch_vllm(...)`, `x.patch_vllm(...)`)."""
     return sorted(n.lineno for n in nodes(tree, ast.Call) if last_name(n.func) == name)
