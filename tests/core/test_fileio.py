@@ -33,3 +33,16 @@ def test_swap_in_replaces_a_folder_in_one_rename(tmp_path: Path) -> None:
     (new / "metrics.jsonl").write_text("new")
     fileio.swap_in(new, dest)
     assert (dest / "metrics.jsonl").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_wheel_record_parse_and_digest() -> None:
+    """One RECORD parser for staging and probes: CSV (a quoted path may hold a comma), unhashed rows kept."""
+    import hashlib
+
+    from rlstack.core import wheelrecord
+
+    digest = wheelrecord.b64_digest(hashlib.sha256(b"x").digest())
+    text = f'pkg/a.py,sha256={digest},1\n"pkg/b,c.py",sha256=AAA,2\npkg-1.dist-info/RECORD,,\n'
+    assert wheelrecord.parse(text) == {"pkg/a.py": ("sha256", digest), "pkg/b,c.py": ("sha256", "AAA"),
+                                       "pkg-1.dist-info/RECORD": ("", "")}
+    assert "=" not in digest and len(digest) == 43

@@ -23,8 +23,6 @@ Run as `python -m rlstack.host.native install --parts DIR --target DIR` on the G
 from __future__ import annotations
 
 import argparse
-import base64
-import csv
 import hashlib
 import io
 import itertools
@@ -46,7 +44,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from rlstack.core.errors import RlstackError  # these three are standard library only, like this module
+from rlstack.core import wheelrecord
+from rlstack.core.errors import RlstackError  # these are standard library only, like this module
 from rlstack.core.fileio import sha256_file, swap_in
 from rlstack.core.pkgnames import normalize, public_version
 
@@ -146,22 +145,13 @@ def workers() -> int:
         return os.cpu_count() or 1
 
 
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
 def _record(z: zipfile.ZipFile, whl: str) -> tuple[str, dict[str, tuple[str, str]]]:
     """The wheel's RECORD: its member name and {path: (hash algorithm, urlsafe base64 digest)}."""
     found = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
     if len(found) != 1:
         raise NativeError(f"{whl}: {len(found)} *.dist-info/RECORD files, a wheel has one",
                           "stage with --compress none to carry the wheel as it is")
-    rows: dict[str, tuple[str, str]] = {}
-    for row in csv.reader(io.StringIO(z.read(found[0]).decode("utf-8"))):
-        if row and row[0]:
-            algo, _, digest = (row[1] if len(row) > 1 else "").partition("=")
-            rows[row[0]] = (algo, digest)
-    return found[0], rows
+    return found[0], wheelrecord.parse(z.read(found[0]).decode("utf-8"))
 
 
 def store_wheel(whl: Path, dest: Path) -> int:
@@ -200,8 +190,9 @@ def store_wheel(whl: Path, dest: Path) -> int:
                         h.update(chunk)
                         w.write(chunk)
                 if not unhashed:
-                    if _b64(h.digest()) != digest:
-                        raise refuse(info.filename, f"{algo} {_b64(h.digest())}, RECORD says {digest}")
+                    got = wheelrecord.b64_digest(h.digest())
+                    if got != digest:
+                        raise refuse(info.filename, f"{algo} {got}, RECORD says {digest}")
                     checked += 1
     except zipfile.BadZipFile as exc:  # includes a member whose CRC-32 does not match
         raise NativeError(f"{whl.name}: not a readable zip ({exc})", "delete it from the wheel cache and stage again"

@@ -17,7 +17,6 @@ Members are cached on disk under the wheel's sha256, so a warm run opens no conn
 
 from __future__ import annotations
 
-import base64
 import gzip as _gzip
 import hashlib
 import http.client
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlstack.core import wheelrecord
 from rlstack.core.errors import RlstackError
 
 MIN_FETCH = 64 * 1024  # one round trip covers a local header, its name and most source files
@@ -335,7 +335,7 @@ def _record_matches(data: bytes, field: str) -> bool:
     algo, _, b64 = field.partition("=")
     if algo != "sha256" or not b64:
         return True
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() == b64.rstrip("=")
+    return wheelrecord.b64_digest(hashlib.sha256(data).digest()) == b64.rstrip("=")
 
 
 class RemoteWheel:
@@ -424,11 +424,8 @@ class RemoteWheel:
             if info is None:
                 raise RlstackError(f"{self.filename}: no .dist-info/RECORD", "not a valid wheel")
             text = self._member(f"{info}/RECORD", None).decode("utf-8")
-            out: dict[str, str | None] = {}
-            for line in text.splitlines():
-                name, _, rest = line.partition(",")
-                out[name] = rest.split(",", 1)[0] or None if rest else None
-            self._record = out
+            self._record = {name: f"{algo}={digest}" if algo else None
+                            for name, (algo, digest) in wheelrecord.parse(text).items()}
         return self._record
 
     def _member(self, member: str, digest: str | None, keep: bool = True) -> bytes:
