@@ -201,6 +201,10 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         "adapter_verified": bool(rec.get("adapter_sha256")) and rec.get("verify", {}).get("rc") == 0,
         "reward_first": rows[0].get("reward") if rows else None,
         "reward_last": rows[-1].get("reward") if rows else None,
+        # whether the run could learn at all: a step where every group's rewards are equal has zero advantages,
+        # so its loss and gradients are exactly 0 (random weights score 0 on correctness and format)
+        "steps_with_signal": sum(1 for r in rows if (r.get("frac_reward_zero_std") or 0) < 1.0),
+        "grad_norm_max": max((r["grad_norm"] for r in rows if r.get("grad_norm") is not None), default=None),
     }
 
 
@@ -254,7 +258,10 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                                 | {"rc": e["run"]["rc"], "wall_s": e["run"]["wall_s"],
                                    "accuracy": (e.get("results") or {}).get("accuracy"),
                                    "format_rate": (e.get("results") or {}).get("format_reward_mean"),
-                                   "gpu_peak_gib": e["run"]["gpu_peak_gib"]} for e in evals]}
+                                   "gpu_peak_gib": e["run"]["gpu_peak_gib"],
+                                   "load_s": ((e.get("results") or {}).get("timings") or {}).get("load_s"),
+                                   "new_tokens_per_s": ((e.get("results") or {}).get("timings") or {})
+                                   .get("new_tokens_per_s")} for e in evals]}
     t = {r["stack"]: r for r in table}
     if t.get("fp8", {}).get("s_per_step_median") and t.get("portable", {}).get("s_per_step_median"):
         data["fp8_vs_portable_step_time_ratio"] = round(
@@ -264,7 +271,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     if hf and vl:
         data["handoff"] = handoff(hf, vl)
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
-            "rollout_tokens_per_s", "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
+            "rollout_tokens_per_s", "steps_with_signal", "grad_norm_max", "peak_gib", "adapter_verified",
+            "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
              "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")
@@ -283,14 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--stack", required=True)
     t.add_argument("--steps", type=int, default=10)
     t.add_argument("--set", action="append", help="extra recipe override KEY=VALUE (recorded in the argv)")
-    t.add_argument("--timeout", type=int, default=540)
+    t.add_argument("--timeout", type=int, default=1500, help="seconds; a cold fp8 run takes ~600 (bg mode)")
     e = sub.add_parser("eval")
     e.add_argument("--stack", required=True)
     e.add_argument("--adapter", required=True)
     e.add_argument("--backend", choices=["hf", "vllm"], required=True)
     e.add_argument("-n", type=int, default=32)
     e.add_argument("--max-new-tokens", type=int, default=256)
-    e.add_argument("--timeout", type=int, default=400)
+    e.add_argument("--timeout", type=int, default=900)
     s = sub.add_parser("summarize")
     s.add_argument("dirs", nargs="+")
     s.add_argument("--note", action="append", help="a sentence for the results (repeatable)")

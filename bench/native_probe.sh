@@ -7,6 +7,10 @@
 #   bash bench/native_probe.sh one STACK PROBE      one probe body alone (env passes through: controls, diagnosis)
 #   bash bench/native_probe.sh py STACK ARGS...     python3 ARGS with the stack's wheels first on the path
 #                                                   (e.g. bench/gpu_stacks.py train --stack STACK)
+#   bash bench/native_probe.sh bg STACK ARGS...     the same, detached: for a run longer than one device call (a
+#                                                   cold fp8 train took 567 s and more, the call limit is 600 s)
+#   bash bench/native_probe.sh wait STACK [S]       wait up to S s (default 560) for it; when it has ended, its exit
+#                                                   code, and what it wrote under its own $OUT copied to this $OUT
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
 set -u
 cmd=${1:?stash, run, one or py}; stack=${2:?stack}; shift 2
@@ -50,5 +54,32 @@ case "$cmd" in
     install
     export PYTHONPATH=$SITE:$PWD/src
     python3 "$@" ;;
+  bg)
+    # the machine stays warm only while calls keep coming: follow with `wait` calls back to back
+    install
+    BG=$STASH/bg-$stack
+    [ -f "$BG/pid" ] && [ ! -f "$BG/rc" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null \
+      && { echo "a background job of $stack is still running: bash bench/native_probe.sh wait $stack" >&2; exit 3; }
+    rm -rf "$BG"; mkdir -p "$BG/out"
+    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; echo $? > "$BG_DIR/rc"' _ "$@" \
+      > "$BG/log" 2>&1 < /dev/null &
+    echo $! > "$BG/pid"
+    echo "started in the background (pid $(cat "$BG/pid")): python3 $*; log $BG/log" ;;
+  wait)
+    BG=$STASH/bg-$stack; limit=${1:-560}; t0=$(date +%s)
+    [ -f "$BG/pid" ] || { echo "no background job of $stack: start one with bg" >&2; exit 2; }
+    while [ ! -f "$BG/rc" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+      sleep 5
+    done
+    tail -n "${TAIL:-25}" "$BG/log" | cut -c1-400
+    if [ -f "$BG/rc" ]; then
+      cp -r "$BG/out/." "$OUT/"
+      echo "background job exit $(cat "$BG/rc") after waiting $(( $(date +%s) - t0 )) s; its files are in this \$OUT"
+      exit "$(cat "$BG/rc")"
+    elif kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
+      echo "still running after $limit s: call wait again"
+    else
+      echo "the background job died without an exit code (killed?); log above" >&2; exit 1
+    fi ;;
   *) echo "unknown: $cmd" >&2; exit 2 ;;
 esac

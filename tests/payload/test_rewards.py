@@ -54,3 +54,36 @@ def test_get() -> None:
     assert rewards.get(["format", "correctness"]) == [rewards.format_reward, rewards.correctness_reward]
     with pytest.raises(RlstackError, match="unknown reward"):
         rewards.get(["style"])
+
+
+@pytest.mark.parametrize(
+    ("completion", "score"),
+    [
+        ("", 0.0),
+        ("too short", 0.0),  # fewer words than one 3-gram
+        ("one two three four five", 0.0),  # no 3-gram twice
+        ("a b c a b c", -0.25),  # 4 trigrams, 3 distinct
+        ("x " * 102, -0.99),  # one phrase looping: 100 trigrams, 1 distinct
+    ],
+)
+def test_repetition_score(completion: str, score: float) -> None:
+    assert rewards.repetition_score(completion) == pytest.approx(score)
+
+
+def test_repetition_separates_what_correctness_and_format_cannot() -> None:
+    """The reason it exists: random-weight text scores 0 on both report rewards, so GRPO sees no signal; the
+    repetition reward still ranks a loop below varied text."""
+    loop, varied = "t5 t5 t5 t5 t5 t5 t5", "t1 t9 t4 t7 t2 t8 t3"
+    assert rewards.format_reward([loop, varied]) == [0.0, 0.0]
+    assert rewards.correctness_reward([loop, varied], answer=["#### 3", "#### 3"]) == [0.0, 0.0]
+    low, high = rewards.repetition_reward([loop, varied])
+    assert low < high == 0.0
+
+
+def test_recipe_reward_names_are_the_registry() -> None:
+    """A recipe validates reward names against a Literal (for its schema); the registry is what runs."""
+    from typing import get_args
+
+    from rlstack.payload.recipes import RewardName
+
+    assert set(get_args(RewardName)) == set(rewards.REWARDS)

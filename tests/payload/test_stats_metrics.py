@@ -35,6 +35,24 @@ def test_summarize_windows() -> None:
     assert metrics.summarize([], ["format"]) == {}
 
 
+def test_no_signal_is_counted_and_said() -> None:
+    """Random weights score 0 everywhere: every group ties, nothing is learned, and the run must say so."""
+    flat = [{"step": i, "reward": 0.0, "frac_reward_zero_std": 1.0, "grad_norm": 0.0} for i in range(1, 11)]
+    s = metrics.summarize(flat, ["correctness", "format"])
+    assert s["steps_without_signal"] == 10
+    said = metrics.no_signal_warning(s, ["correctness", "format"])
+    assert said is not None and "10 steps" in said and "repetition" in said
+    # already using it: no advice to add it
+    said = metrics.no_signal_warning(s, ["correctness", "format", "repetition"])
+    assert said is not None and "add the repetition" not in said
+    # one step with a signal is enough to stay quiet; and a trainer that logs no frac_reward_zero_std says nothing
+    mixed = [*flat[:9], {**flat[9], "frac_reward_zero_std": 0.5}]
+    assert metrics.no_signal_warning(metrics.summarize(mixed, ["format"]), ["format"]) is None
+    unlogged = [{"step": i, "reward": 0.0} for i in range(1, 4)]
+    assert "steps_without_signal" not in metrics.summarize(unlogged, ["format"])
+    assert metrics.no_signal_warning(metrics.summarize(unlogged, ["format"]), ["format"]) is None
+
+
 def test_plot_writes_png(tmp_path: Path) -> None:
     p = tmp_path / "metrics.jsonl"
     _write(p, [{"step": i, "reward": i / 10, "format_mean": i / 10, "correctness_mean": 0.0} for i in range(1, 6)])

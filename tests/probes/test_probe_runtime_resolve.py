@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,22 @@ def test_fp8_runtime_follows_the_stack_file(monkeypatch: pytest.MonkeyPatch) -> 
                             or [])
         suite.run(name, layers=["runtime"])
     assert asked == {"cpu": False, "portable": False, "fp8": True, "fp8-report": True}
+
+
+@pytest.mark.parametrize(
+    ("rows", "verdict"),
+    [
+        ([{"step": 1, "grad_norm": 0.31, "frac_reward_zero_std": 0.5}], "flows"),
+        # every group tied: a zero norm is what a working backward gives too
+        ([{"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 1.0}], "unshown"),
+        # rewards differed within a group, so the loss had a gradient to give: a zero norm is a broken backward
+        ([{"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.75}], "fail"),
+        ([{"step": 1, "reward": 0.0}], "unshown"),
+        ([], "unshown"),
+    ],
+)
+def test_grpo_step_gradient_verdict(tmp_path: Path, rows: list[dict[str, float]], verdict: str) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got, said = runtime.gradient_verdict(path)
+    assert got == verdict and said

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rlstack.core.errors import RlstackError
 from rlstack.core.paths import recipes_dir, shown
 
-RewardName = Literal["correctness", "format"]
+RewardName = Literal["correctness", "format", "repetition"]
 DEFAULT_REWARDS: tuple[RewardName, ...] = ("correctness", "format")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -1,6 +1,9 @@
-"""GRPO rewards, the report's two: correctness (the extracted answer equals the reference) and format (the
-'#### <answer>' marker). They use the same extraction as the evaluation, and accept TRL's completions in both
-shapes: plain strings, or chat messages [{'role': 'assistant', 'content': ...}]."""
+"""GRPO rewards. The report's two: correctness (the extracted answer equals the reference) and format (the
+'#### <answer>' marker), with the same extraction as the evaluation. A third, repetition, is opt-in
+(`rewards = ["correctness", "format", "repetition"]`): it penalises looping text, and it is the one reward that
+still separates the completions of an untrained or random-weight model, whose correctness and format are all 0;
+with every reward in a group equal, GRPO's advantages, loss and gradients are exactly 0 and nothing is learned.
+All accept TRL's completions in both shapes: plain strings, or chat messages [{'role': 'assistant', ...}]."""
 
 from __future__ import annotations
 
@@ -41,6 +44,19 @@ def format_score(completion: str) -> float:
     return 1.0 if NUMBER_RE.match(rest.strip()) else 0.5
 
 
+REPETITION_NGRAM = 3
+
+
+def repetition_score(completion: str, n: int = REPETITION_NGRAM) -> float:
+    """Minus the share of repeated word n-grams: 0.0 when no n-gram repeats (or the text is shorter than n words),
+    toward -1.0 for a loop of one phrase. Words, not tokens, so the score does not depend on the tokenizer."""
+    words = completion.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    return -(1.0 - len(set(grams)) / len(grams))
+
+
 def correctness_reward(completions: Sequence[Any], answer: Sequence[str], **_: Any) -> list[float]:
     """TRL reward function: the dataset's `answer` column is passed as a keyword."""
     return [correctness(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]
@@ -50,9 +66,14 @@ def format_reward(completions: Sequence[Any], **_: Any) -> list[float]:
     return [format_score(completion_text(c)) for c in completions]
 
 
+def repetition_reward(completions: Sequence[Any], **_: Any) -> list[float]:
+    return [repetition_score(completion_text(c)) for c in completions]
+
+
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness_reward,
     "format": format_reward,
+    "repetition": repetition_reward,
 }
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlstack.probes.model import Evidence, ProbeResult
@@ -158,7 +159,9 @@ def body_grpo_step() -> None:
         from rlstack.core.options import argv_for
         from rlstack.payload.commands import train
 
-        overrides: list[str] = []
+        # the repetition reward beside the report's two: random tiny-model text scores 0 on those, and a step
+        # where every group ties has zero gradients, which would hide a backward pass that does not reach LoRA
+        overrides: list[str] = ['rewards=["correctness", "format", "repetition"]']
         loader = "transformers+peft"
         if _have("unsloth"):
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
@@ -195,8 +198,32 @@ def body_grpo_step() -> None:
                   loader=ran, fp8=fp8)
             return
         what = " (load_in_fp8 + fast_inference: vLLM rollouts with LoRA)" if fp8 else ""
+        verdict, grads = gradient_verdict(Path(tmp) / "run" / "metrics.jsonl")
+        if verdict == "fail":
+            _emit("fail", f"rlstack train{flag} ({ran}) ran a step whose rewards differed within a group, yet the "
+                  f"gradient norm was 0: the backward pass did not reach the LoRA weights ({grads})", loader=ran,
+                  fp8=fp8)
+            return
         _emit("pass", f"one GRPO step through rlstack train{flag} (loader {ran}{what}; recipe smoke-cpu, "
-              f"max_steps=1)", loader=ran, fp8=fp8)
+              f"max_steps=1); {grads}", loader=ran, fp8=fp8, gradient=verdict)
+
+
+def gradient_verdict(metrics_path: Path) -> tuple[str, str]:
+    """Did the step's gradient reach the adapter? 'flows' (grad norm > 0), 'fail' (some group's rewards differed,
+    so the loss had a gradient to give, and the norm is 0), or 'unshown' (every group tied, or nothing logged:
+    a zero norm is then what a working backward pass gives too)."""
+    from rlstack.payload.train.metrics import read_rows
+
+    rows = [r for r in read_rows(metrics_path) if r.get("grad_norm") is not None]
+    if not rows:
+        return "unshown", "gradient flow not shown (no grad norm logged)"
+    norm = max(float(r["grad_norm"]) for r in rows)
+    tied = all((r.get("frac_reward_zero_std") or 0.0) >= 1.0 for r in rows)
+    if norm > 0:
+        return "flows", f"grad norm {norm:.4g}: the gradient reached the LoRA weights"
+    if tied:
+        return "unshown", "gradient flow not shown (every group's rewards tied: zero advantages, grad norm 0)"
+    return "fail", f"grad norm 0 with frac_reward_zero_std {rows[-1].get('frac_reward_zero_std')}"
 
 
 BODIES: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {

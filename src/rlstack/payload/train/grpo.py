@@ -281,4 +281,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     wall = time.perf_counter() - t0
     print(f"rlstack train: adapter {root / name} (reward {summary.get('reward_first')} -> "
           f"{summary.get('reward_last')}), metrics {metrics_path}, curve {png}", file=sys.stderr)
+    warning = metrics.no_signal_warning(summary, list(recipe.rewards))
+    if warning:
+        print(f"rlstack train: warning: {warning}", file=sys.stderr)
     return TrainResult(root / name, manifest, run_dir, metrics_path, png, wall)

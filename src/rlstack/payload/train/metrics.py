@@ -167,4 +167,24 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
     out["step_time_s_mean"] = avg("step_time_s", rows)
     out["tokens_per_s_mean"] = avg("tokens_per_s", rows)
     out["kl_last"] = rows[-1].get("kl")
+    # a step whose every group got equal rewards has zero advantages: loss and gradients are exactly 0 there
+    # (TRL logs the share of such groups as frac_reward_zero_std); counted only where TRL logged it
+    logged = [r["frac_reward_zero_std"] for r in rows if r.get("frac_reward_zero_std") is not None]
+    if logged:
+        out["steps_without_signal"] = sum(1 for f in logged if f >= 1.0)
     return out
+
+
+def no_signal_warning(summary: dict[str, Any], reward_names: list[str]) -> str | None:
+    """What to say when no step of a run could learn: every group's completions got equal rewards, so the adapter
+    is the one it started as. None when some step had a signal, or the trainer did not log it."""
+    steps, without = summary.get("steps"), summary.get("steps_without_signal")
+    if not steps or without != steps:
+        return None
+    reward = summary.get("reward_last")
+    hint = ("add the repetition reward (--set 'rewards=[\"correctness\", \"format\", \"repetition\"]'), "
+            if "repetition" not in reward_names else "")
+    return (f"no learning signal in any of {steps} steps: within every group the completions got equal rewards "
+            f"(mean reward {reward}), so GRPO's advantages, loss and gradients were 0 and the adapter did not "
+            f"change. Next: a model that can already score sometimes, more generations per prompt "
+            f"(grpo.num_generations), or a denser reward: {hint}or a format reward the model can reach")
