@@ -7,6 +7,8 @@ Device side (PYTHONPATH=/tmp/site-STACK:src), each step writes $OUT/gpu_stacks/<
     python3 bench/gpu_stacks.py model                               build the random Qwen3-4B-shaped model once
     python3 bench/gpu_stacks.py train --stack portable [--steps 10] rlstack train (the stack's default path)
     python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-portable --backend vllm
+A run longer than one device call (a cold fp8 train: ~600 s) goes through `bash bench/native_probe.sh bg STACK
+bench/gpu_stacks.py ...`, then `... wait STACK` calls back to back until it ends.
 Host side:
     python bench/gpu_stacks.py summarize DIR...                     -> bench/results/gpu_stacks.json + .md
 
