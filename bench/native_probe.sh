@@ -17,6 +17,9 @@ cmd=${1:?stash, run, one or py}; stack=${2:?stack}; shift 2
 STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-$stack; LOGS=/tmp/probe-logs-$stack
 mkdir -p "$STASH/$stack" "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RLSTACK_PROBE_LOGDIR=$LOGS
+# compiled kernels (FlashInfer's nvcc JIT, Triton, torch.compile, Unsloth) kept beside the parts, which outlive a
+# call while the machine stays warm; without it FlashInfer's ~200 s of JIT repeats in every call
+export RLSTACK_KERNEL_CACHE=${RLSTACK_KERNEL_CACHE:-$STASH/kernel-cache-$stack}
 install() {
   [ -f "$SITE/.rlstack-native.json" ] && { echo "installed already: $SITE"; return 0; }
   local t0; t0=$(date +%s)

@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rlstack.payload import kernelcache
+
+    kernelcache.apply()  # before any command imports torch, vllm or unsloth: they read their cache folders then
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_command", None):

@@ -55,9 +55,10 @@ def test_compose_file_is_generated_from_the_stacks_and_the_recipe(capsys: pytest
     assert "http://127.0.0.1:8000/health/" in " ".join(hc["test"]) and hc["start_period"] == "900s"
     # volumes and hardening are the ones docker run uses
     assert doc["volumes"] == {"adapters": {"name": "rlstack-adapters"}, "hf-cache": {"name": "rlstack-hf-cache"},
-                              "runs": {"name": "rlstack-runs"}}
-    assert trainer["volumes"] == ["adapters:/adapters", "hf-cache:/hf-cache", "runs:/opt/rlstack/runs"]
-    assert server["volumes"] == ["hf-cache:/hf-cache"]
+                              "runs": {"name": "rlstack-runs"}, "kernel-cache": {"name": "rlstack-kernel-cache"}}
+    assert trainer["volumes"] == ["adapters:/adapters", "hf-cache:/hf-cache", "runs:/opt/rlstack/runs",
+                                  "kernel-cache:/kernel-cache"]
+    assert server["volumes"] == ["hf-cache:/hf-cache", "kernel-cache:/kernel-cache"]
     for svc in (server, trainer):
         assert svc["cap_drop"] == ["ALL"] and svc["read_only"] is True and svc["init"] is True
         assert svc["shm_size"] == containers.MULTI_GPU_SHM

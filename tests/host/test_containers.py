@@ -30,6 +30,7 @@ def test_train_command_is_hardened_and_mounts_the_volumes(stack_tree: Path) -> N
     vols = _pairs(cmd, "-v")
     assert "rlstack-adapters:/adapters" in vols
     assert "rlstack-hf-cache:/hf-cache" in vols
+    assert "rlstack-kernel-cache:/kernel-cache" in vols  # compiled kernels outlive the --rm container
     assert "--gpus" not in cmd  # the cpu stack runs CPU-only
     i = cmd.index("rlstack/cpu:abc")
     assert cmd[i + 1:] == ["train", "--recipe", "gsm8k-grpo", "--set", "grpo.max_steps=2"]
@@ -86,10 +87,10 @@ def test_shell_overrides_the_entrypoint(stack_tree: Path) -> None:
 
 
 def test_custom_volume_names(stack_tree: Path) -> None:
-    vols = containers.Volumes(adapters="t-a", hf_cache="t-h", runs="t-r")
+    vols = containers.Volumes(adapters="t-a", hf_cache="t-h", runs="t-r", kernel_cache="t-k")
     spec = containers.spec_for(stacks.load_stack("cpu"), "img", ["train"], volumes=vols, environ={})
-    assert {"t-a:/adapters", "t-h:/hf-cache", "t-r:/opt/rlstack/runs"} <= set(_pairs(containers.run_command(spec),
-                                                                                     "-v"))
+    assert {"t-a:/adapters", "t-h:/hf-cache", "t-r:/opt/rlstack/runs", "t-k:/kernel-cache"} <= set(
+        _pairs(containers.run_command(spec), "-v"))
 
 
 def test_invoke_without_engine_exits_5_with_the_hint_once(stack_tree: Path, tmp_path: Path) -> None:

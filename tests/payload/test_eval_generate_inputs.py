@@ -96,3 +96,44 @@ def test_generate_inputs_looks_through_peft(tiny_model: tuple[Any, Any]) -> None
 
 def test_generate_inputs_without_inspectable_forward() -> None:
     assert gsm8k.generate_inputs(object(), ENC) == {"input_ids": 1, "attention_mask": 2}
+
+
+def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy eval never samples, so the FlashInfer sampler's JIT compile (~100 s per cold start on an H200) is
+    off when the engine starts; a user's own VLLM_USE_FLASHINFER_SAMPLER wins. vllm is a stand-in here."""
+    import sys
+    import types
+
+    seen: dict[str, Any] = {}
+
+    class Out:
+        text, token_ids = "#### 1", [1]
+
+    class LLM:
+        def __init__(self, **kw: Any) -> None:
+            import os
+
+            seen["sampler"] = os.environ.get("VLLM_USE_FLASHINFER_SAMPLER")
+            seen["kw"] = kw
+
+        def get_tokenizer(self) -> Any:
+            return types.SimpleNamespace(chat_template=None)
+
+        def generate(self, prompts: list[str], params: Any, lora_request: Any = None) -> list[Any]:
+            return [types.SimpleNamespace(outputs=[Out()]) for _ in prompts]
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = LLM  # type: ignore[attr-defined]
+    vllm.SamplingParams = lambda **kw: kw  # type: ignore[attr-defined]
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda *a: a  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
+    monkeypatch.setattr(gsm8k.prompt, "render", lambda tok, q, kw: q)
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    texts, _, _, engine = gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q1", "q2"])
+    assert seen["sampler"] == "0" and texts == ["#### 1", "#### 1"] and engine == "vllm"
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
+    assert seen["sampler"] == "1"

@@ -185,7 +185,8 @@ def _service(spec: containers.RunSpec) -> dict[str, Any]:
     vols = []
     if spec.volumes is not None:
         vols += [f"adapters:{containers.ADAPTERS_MOUNT}{':ro' if spec.adapters_read_only else ''}",
-                 f"hf-cache:{containers.HF_CACHE_MOUNT}", f"runs:{containers.RUNS_MOUNT}"]
+                 f"hf-cache:{containers.HF_CACHE_MOUNT}", f"runs:{containers.RUNS_MOUNT}",
+                 f"kernel-cache:{containers.KERNEL_CACHE_MOUNT}"]
     vols += [f"{host}:{target}:ro" for host, target in spec.binds]
     if vols:
         svc["volumes"] = vols
@@ -208,7 +209,8 @@ def _escape(value: Any) -> Any:
 
 def to_dict(p: ComposePlan) -> dict[str, Any]:
     server = _service(p.server)
-    server["volumes"] = [f"hf-cache:{containers.HF_CACHE_MOUNT}"]  # the model download; nothing else
+    # the model download and the compiled kernels (vLLM's start compiles minutes of them); nothing else
+    server["volumes"] = [f"hf-cache:{containers.HF_CACHE_MOUNT}", f"kernel-cache:{containers.KERNEL_CACHE_MOUNT}"]
     probe = (f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{p.port}{HEALTH_PATH}', "
              "timeout=5)")
     server["healthcheck"] = {"test": ["CMD", "python", "-c", probe], "interval": f"{HEALTH_INTERVAL_S}s",
@@ -219,7 +221,7 @@ def to_dict(p: ComposePlan) -> dict[str, Any]:
     return _escape({
         "services": {SERVER: server, TRAINER: trainer},
         "volumes": {"adapters": {"name": vols.adapters}, "hf-cache": {"name": vols.hf_cache},
-                    "runs": {"name": vols.runs}},
+                    "runs": {"name": vols.runs}, "kernel-cache": {"name": vols.kernel_cache}},
     })
 
 

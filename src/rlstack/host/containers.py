@@ -4,7 +4,9 @@ engine) and executed by `run`, the one place a container starts.
 Every container gets the same hardening: no capabilities, no privilege escalation, a read-only root
 filesystem with tmpfs for /tmp and the home folder, and an init process so SIGTERM reaches the trainer
 (checkpoints are written before it exits). What must persist lives in named volumes: adapters
-(read-only for eval), the Hugging Face cache, and run folders (metrics, checkpoints for --resume).
+(read-only for eval), the Hugging Face cache, run folders (metrics, checkpoints for --resume), and the
+compiled kernels (rlstack.payload.kernelcache: FlashInfer, Triton, torch.compile and Unsloth compile minutes
+of kernels on a GPU stack's first run, which the read-only root and tmpfs home would otherwise throw away).
 Secrets such as HF_TOKEN pass by name only (`-e HF_TOKEN`): the value never appears on a command line,
 in an image layer or in `docker inspect`'s Cmd.
 """
@@ -29,9 +31,11 @@ from rlstack.host.stacks import Stack
 ADAPTERS_VOLUME = "rlstack-adapters"
 HF_CACHE_VOLUME = "rlstack-hf-cache"
 RUNS_VOLUME = "rlstack-runs"
+KERNEL_CACHE_VOLUME = "rlstack-kernel-cache"
 ADAPTERS_MOUNT = "/adapters"
 HF_CACHE_MOUNT = "/hf-cache"
 RUNS_MOUNT = "/opt/rlstack/runs"
+KERNEL_CACHE_MOUNT = "/kernel-cache"  # the images' RLSTACK_KERNEL_CACHE
 INPUTS_MOUNT = "/mnt/inputs"
 HOST_RUNS = "runs"  # where run folders are copied out to on the host, relative to the current folder
 USER_HOME = "/home/rlstack"
@@ -52,6 +56,7 @@ class Volumes:
     adapters: str = ADAPTERS_VOLUME
     hf_cache: str = HF_CACHE_VOLUME
     runs: str = RUNS_VOLUME
+    kernel_cache: str = KERNEL_CACHE_VOLUME
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,8 @@ def run_command(spec: RunSpec, exe: str = "docker") -> list[str]:
         adapters_opt = ":ro" if spec.adapters_read_only else ""
         cmd += ["-v", f"{spec.volumes.adapters}:{ADAPTERS_MOUNT}{adapters_opt}",
                 "-v", f"{spec.volumes.hf_cache}:{HF_CACHE_MOUNT}",
-                "-v", f"{spec.volumes.runs}:{RUNS_MOUNT}"]
+                "-v", f"{spec.volumes.runs}:{RUNS_MOUNT}",
+                "-v", f"{spec.volumes.kernel_cache}:{KERNEL_CACHE_MOUNT}"]
     for host, target in spec.binds:
         cmd += ["-v", f"{host}:{target}:ro"]
     for name in spec.env_names:

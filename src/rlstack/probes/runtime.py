@@ -313,6 +313,9 @@ def run_all(*, fp8: bool = False, only: list[str] | None = None) -> list[ProbeRe
 
 
 def main(argv: list[str]) -> int:
+    from rlstack.payload import kernelcache
+
+    kernelcache.apply()  # a probe body's vLLM or Unsloth compiles into the same caches as rlstack train's
     name = argv[0]
     BODIES[name][0]()
     return 0

@@ -36,11 +36,12 @@ def test_image_runs_as_non_root_with_labels(cpu_image: str, cpu_stack: stacks.St
     meta = engine.inspect(cpu_image)
     assert meta["Config"]["User"] == "1000:1000"
     assert meta["Config"]["Entrypoint"] == ["rlstack"]
-    assert {"/adapters", "/hf-cache"} <= set(meta["Config"]["Volumes"])
+    assert {"/adapters", "/hf-cache", "/kernel-cache"} <= set(meta["Config"]["Volumes"])
     env = dict(e.split("=", 1) for e in meta["Config"]["Env"])
     assert env["RLSTACK_STACK"] == "cpu"
     assert env["RLSTACK_LOCK_HASH"] == locks.lock_hash(cpu_stack)
     assert env["HF_HOME"] == "/hf-cache"
+    assert env["RLSTACK_KERNEL_CACHE"] == "/kernel-cache"
     labels = meta["Config"]["Labels"]
     assert labels["io.rlstack.stack"] == "cpu"
     assert labels["io.rlstack.lock-hash"] == locks.lock_hash(cpu_stack)

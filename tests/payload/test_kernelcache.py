@@ -1,0 +1,59 @@
+"""The compiled-kernel caches go under one folder when RLSTACK_KERNEL_CACHE names it, and only then."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rlstack.payload import kernelcache
+
+
+def test_every_library_variable_lands_under_the_root(tmp_path: Path) -> None:
+    env = {kernelcache.ROOT_ENV: str(tmp_path / "kc")}
+    done = kernelcache.apply(env)
+    assert set(done) == set(kernelcache.VARIABLES)
+    for name, sub in kernelcache.VARIABLES.items():
+        assert env[name] == str(tmp_path / "kc" / "native" / sub) and Path(env[name]).is_dir()
+
+
+def test_each_stack_and_lock_has_its_own_folder(tmp_path: Path) -> None:
+    """One volume serves every image; a stack never reads what another lock's libraries generated."""
+    a = {kernelcache.ROOT_ENV: str(tmp_path), "RLSTACK_STACK": "fp8", "RLSTACK_LOCK_HASH": "2ea309534e2f2a60df99"}
+    b = {**a, "RLSTACK_STACK": "portable", "RLSTACK_LOCK_HASH": "02776cf15f3e0000"}
+    kernelcache.apply(a)
+    kernelcache.apply(b)
+    assert a["UNSLOTH_COMPILE_LOCATION"] == str(tmp_path / "fp8-2ea309534e2f" / "unsloth_compiled_cache")
+    assert b["UNSLOTH_COMPILE_LOCATION"] == str(tmp_path / "portable-02776cf15f3e" / "unsloth_compiled_cache")
+
+
+def test_the_users_own_setting_stays(tmp_path: Path) -> None:
+    env = {kernelcache.ROOT_ENV: str(tmp_path), "TRITON_CACHE_DIR": "/mine"}
+    done = kernelcache.apply(env)
+    assert env["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done
+
+
+def test_nothing_without_the_root() -> None:
+    env = {"HOME": "/h"}
+    assert kernelcache.apply(env) == {} and env == {"HOME": "/h"}
+
+
+def test_an_unwritable_root_does_not_stop_the_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    env = {kernelcache.ROOT_ENV: str(blocker / "kc")}
+    assert kernelcache.apply(env) == {}
+    assert not set(kernelcache.VARIABLES) & set(env)
+
+
+def test_the_cli_sets_them_before_a_command_runs(tmp_path: Path) -> None:
+    """rlstack's CLI applies it first, so the libraries a command imports later read the folders."""
+    code = ("import os, sys; from rlstack import cli; rc = cli.main(['adapters', '--root', sys.argv[1]]); "
+            "print(os.environ.get('FLASHINFER_WORKSPACE_BASE'))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in kernelcache.VARIABLES and k not in ("RLSTACK_STACK", "RLSTACK_LOCK_HASH")}
+    env[kernelcache.ROOT_ENV] = str(tmp_path / "kc")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "adapters")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == str(tmp_path / "kc" / "native" / "flashinfer"), out.stderr
