@@ -410,3 +410,26 @@ def test_left_padding_over_a_zero_pad_embedding() -> None:
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
     got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False)
     assert torch.equal(ref, got)
+
+
+def test_a_failed_compile_is_said_even_where_unsloth_silences_dynamo(monkeypatch) -> None:
+    """Unsloth sets torch._dynamo.config.suppress_errors process-wide, so a compile that fails would run eager in
+    silence. fastgen's first compiled call turns it off: the failure is recorded in compile_error (and warned),
+    and decoding falls back to eager with the same tokens. The failing compiler is a stand-in backend."""
+    model = _tiny(0)
+    ids, mask = _prompts(0)
+    ref = fastgen.generate(model, ids, mask, 6, do_sample=False, pad_token_id=0, compile=False)
+    model = _tiny(0)  # a fresh model, so a fresh engine for the compiled run
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", True)
+
+    def no_kernels(gm, example_inputs):
+        raise RuntimeError("no kernels for this op")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=no_kernels))
+    torch._dynamo.reset()
+    got = fastgen.generate(model, ids, mask, 6, do_sample=False, pad_token_id=0, compile=True)
+    engine = fastgen.get_engine(model)
+    assert engine.compile_error is not None and "no kernels for this op" in engine.compile_error
+    assert torch.equal(ref, got)
+    assert torch._dynamo.config.suppress_errors is True  # the process-wide setting is left as it was

@@ -22,6 +22,29 @@ def test_mixed_precision_is_exported_for_unsloth(monkeypatch: pytest.MonkeyPatch
     assert export_mixed_precision(False, False) == "no"
 
 
+@pytest.mark.parametrize("loader", ["unsloth", "unsloth-fp8", "transformers"])
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_trainer_config_keeps_the_recipes_checkpointing_and_exports_precision(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, loader: str, checkpointing: bool) -> None:
+    """Unsloth's trainer applies args.gradient_checkpointing to every layer around each step (for_training), so the
+    config must carry the recipe's value under Unsloth too: False there switched checkpointing off in the 2026-12-03
+    fp8 run. And ACCELERATE_MIXED_PRECISION is set before the trainer exists (its loss reads it)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    import os
+
+    from rlstack.payload.recipes import load
+    from rlstack.payload.train.grpo import trainer_config
+    from rlstack.payload.train.loading import Loaded
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    recipe = load("gsm8k-grpo", [f"grpo.gradient_checkpointing={str(checkpointing).lower()}"])
+    loaded = Loaded(model=torch.nn.Linear(2, 2), tokenizer=None, base_model="b", loader=loader, device="cpu")
+    config = trainer_config(recipe, loaded, tmp_path / "checkpoints")
+    assert config.gradient_checkpointing is checkpointing
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "no"  # the CPU trains in float32
+
+
 class _StructuredOutputsParams:
     def __init__(self, regex: str | None = None) -> None:
         self.regex = regex

@@ -751,7 +751,15 @@ class FastGenerator:
             torch.compiler.cudagraph_mark_step_begin()
         snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
         try:
-            out = self._step(input_ids, attention_mask, position_ids, cache, cache_position)
+            if self._compiled_ok:
+                return self._step(input_ids, attention_mask, position_ids, cache, cache_position)
+            # Unsloth turns torch._dynamo.config.suppress_errors on for the whole process (unsloth_zoo
+            # patching_utils.py): a failed compile would then run eager in silence, under fastgen's name and at
+            # eager speed. The first compiled call raises instead, so the handler below says what failed.
+            import torch._dynamo
+
+            with torch._dynamo.config.patch(suppress_errors=False):
+                out = self._step(input_ids, attention_mask, position_ids, cache, cache_position)
             self._compiled_ok = True
             return out
         except Exception as exc:

@@ -135,6 +135,27 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
     )
 
 
+def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
+    """The GRPOConfig for the loaded model, with the process state its trainer reads at the first loss.
+
+    Gradient checkpointing stays what the recipe says under Unsloth too. Unsloth's generated GRPO trainer calls
+    `model.for_training(use_gradient_checkpointing=args.gradient_checkpointing)` around every step (unsloth
+    2026.6.1 models/rl.py:434-445, 542), which sets each layer's flag: False there would switch off the
+    checkpointing get_peft_model(use_gradient_checkpointing="unsloth") set up. The trainer's own
+    gradient_checkpointing_enable() goes through Unsloth's checkpoint function, which unsloth_zoo patches into
+    transformers for exactly that call (gradient_checkpointing.py:917-923), and Unsloth's own GRPOConfig defaults
+    it to True (as TRL's does)."""
+    dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    if loaded.device == "cpu":
+        dtype_name = "float32"
+    config = grpo_config(recipe, checkpoints_dir, use_vllm=loaded.loader == "unsloth-fp8",
+                         dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
+    from rlstack.payload.train.compat import export_mixed_precision
+
+    export_mixed_precision(bool(config.bf16), bool(config.fp16))
+    return config
+
+
 def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = None,
         adapters_root: Path | None = None, run_dir: Path | None = None, resume: bool = False,
         fp8: bool = False, overwrite: bool = False) -> TrainResult:
@@ -188,19 +209,8 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
 
     from rlstack.payload import rewards
 
-    dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
-    if loaded.device == "cpu":
-        dtype_name = "float32"
     dataset = build_dataset(recipe, loaded.tokenizer, data)
-    config = grpo_config(recipe, run_dir / "checkpoints", use_vllm=loaded.loader == "unsloth-fp8",
-                         dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
-    from rlstack.payload.train.compat import export_mixed_precision
-
-    export_mixed_precision(bool(config.bf16), bool(config.fp16))
-    if loaded.loader.startswith("unsloth"):
-        # Unsloth checkpoints inside get_peft_model(use_gradient_checkpointing="unsloth"); a second, HF-style
-        # enable from the Trainer would wrap the same layers again.
-        config.gradient_checkpointing = False
+    config = trainer_config(recipe, loaded, run_dir / "checkpoints")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step)
     if checkpoint is not None:
