@@ -170,6 +170,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
     if (out / "results.json").exists():
         res = json.loads((out / "results.json").read_text())
         record["results"] = {k: v for k, v in res.items() if k != "per_question"}
+    if (out / "results.json").exists():
+        # whole, per-question outcomes included: `rlstack compare` pairs two engines' results on the host
+        (out_dir() / f"{tag}-results.json").write_text((out / "results.json").read_text())
     if (out / "generations.jsonl").exists():
         # the raw generations travel back whole: the hand-off compares them text by text
         (out_dir() / f"{tag}-generations.jsonl").write_text((out / "generations.jsonl").read_text())
@@ -272,6 +275,14 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     hf, vl = gens.get("portable-gpu-portable-hf"), gens.get("fp8-gpu-portable-vllm")
     if hf and vl:
         data["handoff"] = handoff(hf, vl)
+    res = {p.name.removesuffix("-results.json"): p for d in a.dirs for p in Path(d).rglob("*-results.json")}
+    rh, rv = res.get("portable-gpu-portable-hf"), res.get("fp8-gpu-portable-vllm")
+    if rh and rv:
+        # the same adapter in two engines, paired question by question by the real command ("base" = portable hf)
+        proc = subprocess.run([sys.executable, "-m", "rlstack.cli", "compare", str(rh), str(rv), "--json"],
+                              capture_output=True, text=True, check=False)
+        data["handoff_compare"] = json.loads(proc.stdout) if proc.returncode == 0 else {
+            "rc": proc.returncode, "error": proc.stderr[-800:]}
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
             "rollout_tokens_per_s", "steps_with_signal", "grad_norm_max", "peak_gib", "adapter_verified",
             "eval_backend", "eval_accuracy", "environment"]
