@@ -28,6 +28,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$UV" pip install --quiet --require-hashes --no-deps -r images/cpu/requirements.lock
   echo "$want" > "$stamp"
 fi
+# bitsandbytes, hash-pinned from the portable stack's lock (its version is written there once): its CPU backend
+# quantizes NF4, so the tests of fastgen on the portable stack's 4-bit Unsloth path run here instead of skipping.
+# Nothing in the cpu stack loads it (4-bit loading needs a GPU), which is why it is not in the cpu lock.
+if ! .venv/bin/python -c "import importlib.metadata as m; m.version('bitsandbytes')" >/dev/null 2>&1; then
+  bnb=$(mktemp)
+  awk '/^bitsandbytes==/{on=1} on{print; if ($0 !~ /\\$/) exit}' images/portable/requirements.lock > "$bnb"
+  echo "+ $UV pip install --require-hashes $(head -1 "$bnb" | cut -d' ' -f1) (from images/portable/requirements.lock)"
+  "$UV" pip install --quiet --require-hashes --no-deps -r "$bnb"
+  rm -f "$bnb"
+fi
 echo "+ $UV pip install -e .[dev]"
 "$UV" pip install --quiet -e ".[dev]"
 echo "ready: .venv (activate with 'source .venv/bin/activate')"
