@@ -160,10 +160,12 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    tag = f"{a.stack}-{a.adapter}-{a.backend}"
+    tag = f"{a.stack}-{a.adapter}-{a.backend}" + ("-fastgen" if a.fastgen else "") + (f"-n{a.n}" if a.n != 32 else "")
     out = EVALS / tag
     argv = ["eval", "--adapter", str(ADAPTERS / a.adapter), "--backend", a.backend, "-n", str(a.n), "--data",
-            EVAL_DATA, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
+            a.data, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
+    if a.fastgen:
+        argv.append("--fastgen")
     run = run_cli(argv, log_dir() / f"{tag}-eval.log", a.timeout)
     record: dict[str, Any] = {**common.header(), **environment(a.stack), "step": "eval", "tag": tag,
                               "adapter": a.adapter, "backend": a.backend, "run": run}
@@ -185,6 +187,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
+
+
+def _per_s(count: Any, seconds: Any) -> float | None:
+    return round(count / seconds, 3) if count and seconds else None
 
 
 def train_row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +256,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     table = [train_row(r) for r in trains.values()]
     for row in table:
         for e in evals:
-            if e["stack"] == row["stack"] and e["adapter"] == f"gpu-{row['stack']}":
+            # the stack's own adapter at the default settings (not a fastgen or n=300 throughput run)
+            if e.get("tag") in {f"{row['stack']}-gpu-{row['stack']}-{b}" for b in ("hf", "vllm")}:
                 res = e.get("results") or {}
                 row["eval_backend"] = e["backend"]
                 row["eval_rc"] = e["run"]["rc"]
@@ -265,6 +272,10 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                                    "format_rate": (e.get("results") or {}).get("format_reward_mean"),
                                    "gpu_peak_gib": e["run"]["gpu_peak_gib"],
                                    "load_s": ((e.get("results") or {}).get("timings") or {}).get("load_s"),
+                                   "engine": ((e.get("results") or {}).get("config") or {}).get("engine"),
+                                   "questions_per_s": _per_s((e.get("results") or {}).get("n"),
+                                                             ((e.get("results") or {}).get("timings") or {})
+                                                             .get("generate_s")),
                                    "new_tokens_per_s": ((e.get("results") or {}).get("timings") or {})
                                    .get("new_tokens_per_s")} for e in evals]}
     t = {r["stack"]: r for r in table}
@@ -310,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--adapter", required=True)
     e.add_argument("--backend", choices=["hf", "vllm"], required=True)
     e.add_argument("-n", type=int, default=32)
+    e.add_argument("--data", default=EVAL_DATA, help="e.g. generated:300 for issue 14's eval throughput at n=300")
+    e.add_argument("--fastgen", action="store_true", help="rlstack eval --fastgen (hf backend)")
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--timeout", type=int, default=900)
     s = sub.add_parser("summarize")

@@ -137,3 +137,63 @@ def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
     gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
     assert seen["sampler"] == "1"
+
+
+QUESTIONS = ["What is 2 + 3?", "What is 10 - 4?", "Tom has 3 apples and buys 4 more. How many now?"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_hf_eval_through_fastgen_gives_the_same_tokens(tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch,
+                                                       lora: bool) -> None:
+    """`rlstack eval --fastgen`: the same greedy generations as transformers' generate (LoRA merged into the
+    shadow when there is an adapter), and the engine says which path ran."""
+    model, tok = tiny_model
+    if lora:
+        import peft
+
+        torch.manual_seed(1)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                           target_modules=["q_proj", "v_proj"]))
+    from rlstack.payload.train import loading
+
+    monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
+    cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=12)
+    ref, ref_lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    assert engine == "transformers@cpu"
+    cfg.fastgen = True
+    got, got_lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    assert engine == "transformers@cpu+fastgen"
+    assert got == ref and got_lengths == ref_lengths
+    if lora:
+        model.unload()
+
+
+def test_hf_eval_fastgen_failure_falls_back_once(tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    model, tok = tiny_model
+    from rlstack.payload import fastgen
+    from rlstack.payload.train import loading
+
+    monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
+    cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=6)
+    ref, _, _, _ = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    calls: list[int] = []
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("CUDA graph capture failed")
+
+    monkeypatch.setattr(fastgen, "generate", broken)
+    cfg.fastgen = True
+    got, _, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    assert got == ref and len(calls) == 1  # tried once, then transformers' generate for every batch
+    assert engine.startswith("transformers@cpu+fastgen-fell-back (RuntimeError: CUDA graph capture failed")
+    assert capsys.readouterr().err.count("fastgen failed") == 1
+
+
+def test_fastgen_is_refused_for_the_vllm_backend() -> None:
+    from rlstack.core.errors import RlstackError
+    from rlstack.payload.commands import eval_
+
+    with pytest.raises(RlstackError, match="--fastgen is for the hf backend"):
+        eval_(model="tiny", backend="vllm", fastgen=True, n=1, data="generated:4")

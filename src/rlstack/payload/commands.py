@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from rlstack.core.errors import RlstackError
 from rlstack.core.options import Opt
 
 DEFAULT_RECIPE = "gsm8k-grpo"
@@ -97,7 +98,8 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
     for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend"):
         if key in section:
             setattr(cfg, key, section[key])
-    for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output"):
+    for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output",
+                "fastgen"):
         if flags.get(key) is not None:
             setattr(cfg, key, flags[key])
     return cfg
@@ -117,6 +119,9 @@ def eval_(
     max_new_tokens: Annotated[int | None, Opt("generation length limit")] = None,
     seed: Annotated[int | None, Opt("seed (decoding is greedy; the seed fixes anything random)")] = None,
     load_in_4bit: Annotated[bool, Opt("load the base in 4-bit (bitsandbytes, GPU)")] = False,
+    fastgen: Annotated[bool, Opt("hf backend: greedy decoding through rlstack's fastgen (static cache, LoRA merged, "
+                                 "CUDA graphs) instead of transformers' generate; same tokens, falls back once "
+                                 "on failure")] = False,
     output: Output = None,
     json_: Annotated[bool, Opt("print the results as JSON", flag="--json")] = False,
 ) -> int:
@@ -127,7 +132,10 @@ def eval_(
 
     cfg = eval_config(recipe=recipe, adapter=adapter, model=model, backend=backend, n=n, data=data, split=split,
                       batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, load_in_4bit=load_in_4bit,
-                      output=output)
+                      fastgen=fastgen, output=output)
+    if cfg.fastgen and cfg.backend != "hf":
+        raise RlstackError(f"--fastgen is for the hf backend, not {cfg.backend}",
+                           "drop --fastgen (vLLM has its own fast decoding), or use --backend hf")
     result = gsm8k.run(cfg)
     if json_:
         print(json.dumps({k: v for k, v in result.items() if not k.startswith("per_question")}, indent=2))

@@ -41,6 +41,7 @@ class EvalConfig:
     max_new_tokens: int = 512
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
+    fastgen: bool = False  # hf backend: greedy decoding through rlstack's fastgen instead of transformers' generate
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tiny: dict[str, Any] | None = None  # [model.tiny] of a recipe, for --model tiny without an adapter
     output: Path | None = None
@@ -128,14 +129,18 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
     prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
     outputs: list[str] = []
     lengths: list[int] = []
+    fast = _FastEval(model, tokenizer, cfg.max_new_tokens) if cfg.fastgen else None
     t1 = time.perf_counter()
     for i in range(0, len(prompts), cfg.batch_size):
         batch = prompts[i:i + cfg.batch_size]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-        with torch.inference_mode():
-            # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows one).
-            out = model.generate(**generate_inputs(model, enc), max_new_tokens=cfg.max_new_tokens,
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        out = fast.generate(enc) if fast is not None else None
+        if out is None:
+            with torch.inference_mode():
+                # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows
+                # one).
+                out = model.generate(**generate_inputs(model, enc), max_new_tokens=cfg.max_new_tokens,
+                                     do_sample=False, pad_token_id=tokenizer.pad_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
         for row in new:
             ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]
@@ -144,7 +149,41 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
         print(f"rlstack eval: {min(i + cfg.batch_size, len(prompts))}/{len(prompts)} generated",
               file=sys.stderr, flush=True)
     gen_s = time.perf_counter() - t1
-    return outputs, lengths, {"load_s": load_s, "generate_s": gen_s}, f"{loader}@{device}"
+    engine = f"{loader}@{device}"
+    if fast is not None:
+        engine += "+fastgen" if fast.failed is None else f"+fastgen-fell-back ({fast.failed})"
+    return outputs, lengths, {"load_s": load_s, "generate_s": gen_s}, engine
+
+
+class _FastEval:
+    """Greedy eval batches through rlstack's fastgen (static KV cache, LoRA merged into a bf16 shadow, CUDA graphs
+    on a GPU), with transformers' generate's own stopping rules: the model's generation_config (eos ids, pad),
+    do_sample off, max_new_tokens. Any failure of the fast path is said once and the rest of the run, that batch
+    included, goes through transformers' generate (the training hook's rule)."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int) -> None:
+        import copy
+
+        self.model = model
+        self.failed: str | None = None
+        self.config = copy.deepcopy(model.generation_config)
+        self.config.do_sample = False
+        self.config.max_new_tokens = max_new_tokens
+        self.config.pad_token_id = tokenizer.pad_token_id
+
+    def generate(self, enc: Any) -> Any:
+        if self.failed is not None:
+            return None
+        from rlstack.payload import fastgen
+
+        try:
+            return fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
+                                    generation_config=self.config)
+        except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails
+            self.failed = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"rlstack eval: fastgen failed ({self.failed}); transformers' generate does the rest",
+                  file=sys.stderr, flush=True)
+            return None
 
 
 def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Manifest | None, cfg: EvalConfig,
