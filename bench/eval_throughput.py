@@ -1,9 +1,8 @@
-"""GSM8K-style evaluation throughput (questions/s) with the hf backend: batched greedy generate, vs fastgen greedy.
-
-rlstack.payload.evaluate's hf backend is used when it exposes `hf_generate(model, tokenizer, prompts, batch_size,
-max_new_tokens)`; otherwise (recorded in the JSON as `loop`) this runs a faithful local loop of what an hf backend
-does: questions in fixed order, batches of `batch_size`, left padding, greedy decoding, decode to text. Random
-weights never stop early, so every question costs max_new_tokens: this is the worst case for a real model.
+"""GSM8K-style evaluation throughput (questions/s) of `rlstack eval`'s hf backend: transformers' generate vs
+`--fastgen`, both through the product's own batch loop (rlstack.payload.evaluate.gsm8k.generate_batches: questions in
+order, batches of batch_size, left padding, greedy, decode to text). Random weights never stop early, so every
+question costs max_new_tokens: the worst case for a real model. The whole command, adapter loading included, is
+`bench/gpu_stacks.py eval ... [--fastgen]` (rlstack eval itself); this one isolates decoding at several batch sizes.
 
     python bench/eval_throughput.py [--questions 64] [--batches 16,64] [--max-new 256]
 """
@@ -18,27 +17,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-
-
-def local_hf_loop(model: Any, tok: Any, prompts: list[str], batch_size: int, max_new: int, fast: bool) -> list[str]:
-    import torch
-
-    from rlstack.payload import fastgen
-
-    outs: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        enc = tok(chunk, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-        ids, mask = enc["input_ids"].to(common.DEVICE), enc["attention_mask"].to(common.DEVICE)
-        with torch.no_grad():
-            if fast:
-                seq = fastgen.generate(model, ids, mask, max_new, do_sample=False, eos_token_id=tok.eos_token_id,
-                                       pad_token_id=tok.pad_token_id)
-            else:
-                seq = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        outs += tok.batch_decode(seq[:, ids.shape[1]:], skip_special_tokens=True)
-    return outs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,24 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     tok = common.build_tokenizer()
     model = common.build_model().eval()
     prompts = common.random_prompts(args.questions, [140, 180, 220, 260], seed=7)
-    impl = "loop"
-    try:
-        from rlstack.payload.evaluate import hf as ev_hf  # type: ignore[attr-defined]
+    from rlstack.payload.evaluate.gsm8k import EvalConfig, generate_batches
 
-        if hasattr(ev_hf, "hf_generate"):
-            impl = "rlstack.payload.evaluate.hf.hf_generate"
-    except ImportError:
-        ev_hf = None
-    data["implementation"] = impl
+    data["implementation"] = "rlstack.payload.evaluate.gsm8k.generate_batches"
     rows: list[dict[str, Any]] = []
     batches = args.batches or f"{shape['eval_batch_size']},64"
     data["shape"] = shape
     for bs in [int(b) for b in batches.split(",") if b]:
         for name, fast in (("hf_generate", False), ("fastgen", True)):
             try:
-                run = (lambda p, bs=bs, fast=fast: ev_hf.hf_generate(model, tok, p, bs, args.max_new)) \
-                    if impl != "loop" and not fast else \
-                    (lambda p, bs=bs, fast=fast: local_hf_loop(model, tok, p, bs, args.max_new, fast))
+                cfg = EvalConfig(batch_size=bs, max_new_tokens=args.max_new, fastgen=fast)
+
+                def run(p: list[str], cfg: EvalConfig = cfg) -> list[str]:
+                    texts, _, _, how = generate_batches(model, tok, p, cfg)
+                    if cfg.fastgen and how != "+fastgen":
+                        raise RuntimeError(f"fastgen did not run: {how}")
+                    return texts
+
                 run(prompts[:bs])  # warm-up (and compilation for fastgen) on one batch
                 common.reset_peak()
                 t = common.Timer()
@@ -99,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             r["speedup_vs_hf"] = r["questions_per_s"] / hf["questions_per_s"]
     cols = ["variant", "batch", "questions", "seconds", "questions_per_s", "tokens_per_s", "floor_questions_per_s",
             "speedup_vs_hf", "peak_gib", "error"]
-    notes = (f"Greedy, {args.max_new} new tokens per question (random weights: no early EOS), implementation: "
-             f"{impl}. Floor: weights + KV bytes per decode step over the measured copy bandwidth "
+    notes = (f"Greedy, {args.max_new} new tokens per question (random weights: no early EOS), through "
+             f"{data['implementation']}. Floor: weights + KV bytes per decode step over the measured copy bandwidth "
              f"({ceil['copy_bandwidth_TBps']:.2f} TB/s), prefill not counted.")
     common.write_results("eval_throughput", data, rows, cols, notes)
     return 0

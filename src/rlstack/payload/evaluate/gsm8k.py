@@ -127,6 +127,18 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
     tokenizer.padding_side = "left"
     load_s = time.perf_counter() - t0
     prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
+    outputs, lengths, gen_s, how = generate_batches(model, tokenizer, prompts, cfg)
+    return outputs, lengths, {"load_s": load_s, "generate_s": gen_s}, f"{loader}@{device}{how}"
+
+
+def generate_batches(model: Any, tokenizer: Any, prompts: list[str], cfg: EvalConfig) -> tuple[
+        list[str], list[int], float, str]:
+    """The hf backend's decoding of rendered prompts: batches of cfg.batch_size in order, left padding, greedy,
+    cfg.max_new_tokens, through fastgen when cfg.fastgen. Returns texts, new-token counts, seconds, and '' or
+    '+fastgen' (or '+fastgen-fell-back (why)') for the engine label. bench/eval_throughput.py times this."""
+    import torch
+
+    tokenizer.padding_side = "left"
     outputs: list[str] = []
     lengths: list[int] = []
     fast = _FastEval(model, tokenizer, cfg.max_new_tokens) if cfg.fastgen else None
@@ -149,10 +161,10 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
         print(f"rlstack eval: {min(i + cfg.batch_size, len(prompts))}/{len(prompts)} generated",
               file=sys.stderr, flush=True)
     gen_s = time.perf_counter() - t1
-    engine = f"{loader}@{device}"
+    how = ""
     if fast is not None:
-        engine += "+fastgen" if fast.failed is None else f"+fastgen-fell-back ({fast.failed})"
-    return outputs, lengths, {"load_s": load_s, "generate_s": gen_s}, engine
+        how = "+fastgen" if fast.failed is None else f"+fastgen-fell-back ({fast.failed})"
+    return outputs, lengths, gen_s, how
 
 
 class _FastEval:
