@@ -290,8 +290,10 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     rh, rv = res.get("portable-gpu-portable-hf"), res.get("fp8-gpu-portable-vllm")
     if rh and rv:
         # the same adapter in two engines, paired question by question by the real command ("base" = portable hf)
+        src = str(Path(__file__).resolve().parents[1] / "src")  # rlstack itself, installed or not
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
         proc = subprocess.run([sys.executable, "-m", "rlstack.cli", "compare", str(rh), str(rv), "--json"],
-                              capture_output=True, text=True, check=False)
+                              capture_output=True, text=True, check=False, env=env)
         data["handoff_compare"] = json.loads(proc.stdout) if proc.returncode == 0 else {
             "rc": proc.returncode, "error": proc.stderr[-800:]}
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",

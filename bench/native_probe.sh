@@ -63,8 +63,10 @@ case "$cmd" in
     BG=$STASH/bg-$stack
     [ -f "$BG/pid" ] && [ ! -f "$BG/rc" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null \
       && { echo "a background job of $stack is still running: bash bench/native_probe.sh wait $stack" >&2; exit 3; }
+    [ -f "$BG/rc" ] && [ ! -f "$BG/fetched" ] && ls "$BG/out" | grep -q . \
+      && echo "note: the last background job's files were never fetched with wait; they are replaced now" >&2
     rm -rf "$BG"; mkdir -p "$BG/out"
-    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; echo $? > "$BG_DIR/rc"' _ "$@" \
+    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; echo $? > "$BG_DIR/rc.tmp" && mv "$BG_DIR/rc.tmp" "$BG_DIR/rc"' _ "$@" \
       > "$BG/log" 2>&1 < /dev/null &
     echo $! > "$BG/pid"
     echo "started in the background (pid $(cat "$BG/pid")): python3 $*; log $BG/log" ;;
@@ -76,7 +78,7 @@ case "$cmd" in
     done
     tail -n "${TAIL:-25}" "$BG/log" | cut -c1-400
     if [ -f "$BG/rc" ]; then
-      cp -r "$BG/out/." "$OUT/"
+      cp -r "$BG/out/." "$OUT/"; touch "$BG/fetched"
       echo "background job exit $(cat "$BG/rc") after waiting $(( $(date +%s) - t0 )) s; its files are in this \$OUT"
       exit "$(cat "$BG/rc")"
     elif kill -0 "$(cat "$BG/pid")" 2>/dev/null; then

@@ -184,9 +184,13 @@ def test_hf_eval_fastgen_failure_falls_back_once(tiny_model: tuple[Any, Any], mo
         raise RuntimeError("CUDA graph capture failed")
 
     monkeypatch.setattr(fastgen, "generate", broken)
+    fastgen.get_engine(model, compile=False)  # an engine from earlier use, holding its shadow
     cfg.fastgen = True
     got, _, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
     assert got == ref and len(calls) == 1  # tried once, then transformers' generate for every batch
+    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+
+    assert ENGINE_ATTR not in vars(model)  # dropped: its memory is the fallback's
     assert engine.startswith("transformers@cpu+fastgen-fell-back (RuntimeError: CUDA graph capture failed")
     assert capsys.readouterr().err.count("fastgen failed") == 1
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlstack.payload import kernelcache
 
 
@@ -57,3 +59,22 @@ def test_the_cli_sets_them_before_a_command_runs(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "adapters")], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == str(tmp_path / "kc" / "native" / "flashinfer"), out.stderr
+
+
+def test_the_vllm_server_applies_it_before_vllm_is_imported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """compose runs the server as `python -m rlstack.payload.serve`, past rlstack's CLI: it applies it itself."""
+    from rlstack.payload import serve
+
+    for name in (*kernelcache.VARIABLES, "RLSTACK_STACK", "RLSTACK_LOCK_HASH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(kernelcache.ROOT_ENV, str(tmp_path))
+    seen: dict[str, str | None] = {}
+
+    def prepare() -> None:  # the first step that imports trl and vllm
+        seen["flashinfer"] = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve, "prepare", prepare)
+    with pytest.raises(SystemExit):
+        serve.main([])
+    assert seen["flashinfer"] == str(tmp_path / "native" / "flashinfer")

@@ -90,6 +90,9 @@ def prepare() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlstack.payload import kernelcache
+
+    kernelcache.apply()  # the server runs as `python -m rlstack.payload.serve`, not through rlstack's CLI
     prepare()
     import trl.scripts.vllm_serve as serve
 

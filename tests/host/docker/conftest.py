@@ -92,7 +92,7 @@ def cpu_image(base_image: str, ca_bundle: Path, context_copy: Path, cpu_stack: s
 def volumes(engine_info: dict[str, object]) -> Iterator[Volumes]:
     tag = uuid.uuid4().hex[:8]
     vols = Volumes(adapters=f"rlstack-test-adapters-{tag}", hf_cache=f"rlstack-test-hf-{tag}",
-                   runs=f"rlstack-test-runs-{tag}")
+                   runs=f"rlstack-test-runs-{tag}", kernel_cache=f"rlstack-test-kernels-{tag}")
     yield vols
-    for v in (vols.adapters, vols.hf_cache, vols.runs):
+    for v in (vols.adapters, vols.hf_cache, vols.runs, vols.kernel_cache):
         subprocess.run([engine.client(), "volume", "rm", "-f", v], capture_output=True, check=False)

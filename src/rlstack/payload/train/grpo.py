@@ -141,10 +141,11 @@ def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
     Gradient checkpointing stays what the recipe says under Unsloth too. Unsloth's generated GRPO trainer calls
     `model.for_training(use_gradient_checkpointing=args.gradient_checkpointing)` around every step (unsloth
     2026.6.1 models/rl.py:434-445, 542), which sets each layer's flag: False there would switch off the
-    checkpointing get_peft_model(use_gradient_checkpointing="unsloth") set up. The trainer's own
-    gradient_checkpointing_enable() goes through Unsloth's checkpoint function, which unsloth_zoo patches into
-    transformers for exactly that call (gradient_checkpointing.py:917-923), and Unsloth's own GRPOConfig defaults
-    it to True (as TRL's does)."""
+    checkpointing get_peft_model(use_gradient_checkpointing="unsloth") set up. Unsloth's own GRPOConfig defaults it
+    to True (as TRL's does). What kind of checkpointing then runs depends on the release: unsloth 2026.10.6's
+    generated config turns use_reentrant back on (its offloading checkpoint); at 2026.6.1 with transformers 5.5 the
+    trainer's gradient_checkpointing_enable() reaches unsloth_checkpoint (zoo gradient_checkpointing.py:917-923)
+    non-reentrant, which recomputes without offloading (review of 2026-12-03; to be measured)."""
     dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if loaded.device == "cpu":
         dtype_name = "float32"

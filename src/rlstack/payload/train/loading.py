@@ -109,6 +109,12 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
     import unsloth  # noqa: F401  (must come before transformers/trl for its patches)
     from unsloth import FastLanguageModel
 
+    from rlstack.payload import kernelcache
+
+    # importing unsloth pops TORCHINDUCTOR_CACHE_DIR (unsloth_zoo patching_utils.py, patch_torch_compile), which
+    # sends inductor's cache to /tmp: put the kernel-cache folder back (only where RLSTACK_KERNEL_CACHE is set)
+    kernelcache.apply()
+
     kwargs: dict[str, Any] = dict(model_name=target, max_seq_length=spec.max_seq_length, dtype=None)
     if fp8:
         # Unsloth takes True for row-wise FP8 and "block" for block-wise (recipes.ModelSpec.fp8_scheme says why)
