@@ -193,14 +193,7 @@ class _FastEval:
                                     generation_config=self.config)
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails
             self.failed = f"{type(exc).__name__}: {exc}"[:300]
-            # drop the engine (its bf16 shadow, caches and CUDA graphs) before transformers' generate needs the memory
-            from rlstack.payload.fastgen.engine import ENGINE_ATTR
-
-            vars(self.model).pop(ENGINE_ATTR, None)
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            fastgen.release(self.model)  # its shadow and graphs hold memory transformers' generate may need
             print(f"rlstack eval: fastgen failed ({self.failed}); transformers' generate does the rest",
                   file=sys.stderr, flush=True)
             return None

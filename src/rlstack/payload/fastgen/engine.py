@@ -955,6 +955,19 @@ def _generation_dtype(model: Any) -> Any:
     return dtypes[0] if dtypes else torch.float32
 
 
+def release(model: Any) -> None:
+    """Drop the model's engine (its bf16 shadow, static caches and CUDA graphs) and return the freed memory to the
+    allocator, for the slower path that runs next (transformers' generate) to use. Best effort: never raises."""
+    vars(model).pop(ENGINE_ATTR, None)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing cached memory is an optimisation; the fallback must still run
+        pass
+
+
 def get_engine(model: Any, **options: Any) -> FastGenerator:
     """The model's FastGenerator, created on first use (options only apply then)."""
     engine = getattr(model, ENGINE_ATTR, None)

@@ -15,7 +15,6 @@ rebuild the shadow (seconds, and gigabytes) to fail the same way, every step.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from typing import Any
@@ -24,6 +23,7 @@ from rlstack.payload.fastgen.engine import (
     ENGINE_ATTR,
     FastgenError,
     get_engine,
+    release,
     resolve_generation_config,
     sampling_from_resolved,
 )
@@ -89,12 +89,7 @@ def _mark_failed(model: Any, exc: BaseException) -> None:
     if not isinstance(exc, FastgenError):  # an unexpected failure: keep its traceback in the log
         log.warning("fastgen failed", exc_info=exc)
     object.__setattr__(model, _FAILED_ATTR, reason)
-    model.__dict__.pop(ENGINE_ATTR, None)
-    with contextlib.suppress(Exception):  # freeing cached memory is best effort; the fallback must still run
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    release(model)
     one_line = " ".join(reason.split())
     print(f"rlstack fastgen: falling back to the model's own generate for the rest of this run: {one_line[:1500]}",
           file=sys.stderr, flush=True)
