@@ -194,6 +194,8 @@ def _per_s(count: Any, seconds: Any) -> float | None:
 
 
 def train_row(rec: dict[str, Any]) -> dict[str, Any]:
+    from rlstack.payload.train.metrics import tied
+
     rows = rec.get("metrics") or []
     times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
     rollout = [r["completion_tokens_per_s"] for r in rows[1:] if r.get("completion_tokens_per_s") is not None]
@@ -214,7 +216,7 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         "reward_last": rows[-1].get("reward") if rows else None,
         # whether the run could learn at all: a step where every group's rewards are equal has zero advantages,
         # so its loss and gradients are exactly 0 (random weights score 0 on correctness and format)
-        "steps_with_signal": sum(1 for r in rows if (r.get("frac_reward_zero_std") or 0) < 1.0),
+        "steps_with_signal": sum(1 for r in rows if tied(r) is not True),
         "grad_norm_max": max((r["grad_norm"] for r in rows if r.get("grad_norm") is not None), default=None),
     }
 

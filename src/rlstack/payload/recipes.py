@@ -27,6 +27,13 @@ from rlstack.core.paths import recipes_dir, shown
 
 RewardName = Literal["correctness", "format", "repetition"]
 DEFAULT_REWARDS: tuple[RewardName, ...] = ("correctness", "format")
+# the report's rewards plus the one that separates an untrained model's completions (payload.rewards says why)
+WITH_REPETITION: tuple[RewardName, ...] = (*DEFAULT_REWARDS, "repetition")
+
+
+def rewards_override(names: Iterable[str]) -> str:
+    """The `--set` item that makes a recipe use these rewards (a TOML inline array: JSON's is one)."""
+    return "rewards=" + json.dumps(list(names))
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -161,7 +161,9 @@ def body_grpo_step() -> None:
 
         # the repetition reward beside the report's two: random tiny-model text scores 0 on those, and a step
         # where every group ties has zero gradients, which would hide a backward pass that does not reach LoRA
-        overrides: list[str] = ['rewards=["correctness", "format", "repetition"]']
+        from rlstack.payload.recipes import WITH_REPETITION, rewards_override
+
+        overrides: list[str] = [rewards_override(WITH_REPETITION)]
         loader = "transformers+peft"
         if _have("unsloth"):
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
@@ -212,16 +214,15 @@ def gradient_verdict(metrics_path: Path) -> tuple[str, str]:
     """Did the step's gradient reach the adapter? 'flows' (grad norm > 0), 'fail' (some group's rewards differed,
     so the loss had a gradient to give, and the norm is 0), or 'unshown' (every group tied, or nothing logged:
     a zero norm is then what a working backward pass gives too)."""
-    from rlstack.payload.train.metrics import read_rows
+    from rlstack.payload.train.metrics import read_rows, tied
 
     rows = [r for r in read_rows(metrics_path) if r.get("grad_norm") is not None]
     if not rows:
         return "unshown", "gradient flow not shown (no grad norm logged)"
     norm = max(float(r["grad_norm"]) for r in rows)
-    tied = all((r.get("frac_reward_zero_std") or 0.0) >= 1.0 for r in rows)
     if norm > 0:
         return "flows", f"grad norm {norm:.4g}: the gradient reached the LoRA weights"
-    if tied:
+    if all(tied(r) is True for r in rows):
         return "unshown", "gradient flow not shown (every group's rewards tied: zero advantages, grad norm 0)"
     return "fail", f"grad norm 0 with frac_reward_zero_std {rows[-1].get('frac_reward_zero_std')}"
 

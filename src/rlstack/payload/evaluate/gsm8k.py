@@ -124,7 +124,6 @@ def _generate_hf(target: str, adapter_dir: Path | None, cfg: EvalConfig, questio
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
     model.eval()
-    tokenizer.padding_side = "left"
     load_s = time.perf_counter() - t0
     prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
     outputs, lengths, gen_s, how = generate_batches(model, tokenizer, prompts, cfg)

@@ -167,12 +167,17 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
     out["step_time_s_mean"] = avg("step_time_s", rows)
     out["tokens_per_s_mean"] = avg("tokens_per_s", rows)
     out["kl_last"] = rows[-1].get("kl")
-    # a step whose every group got equal rewards has zero advantages: loss and gradients are exactly 0 there
-    # (TRL logs the share of such groups as frac_reward_zero_std); counted only where TRL logged it
-    logged = [r["frac_reward_zero_std"] for r in rows if r.get("frac_reward_zero_std") is not None]
+    logged = [tied(r) for r in rows if tied(r) is not None]
     if logged:
-        out["steps_without_signal"] = sum(1 for f in logged if f >= 1.0)
+        out["steps_without_signal"] = sum(logged)
     return out
+
+
+def tied(row: dict[str, Any]) -> bool | None:
+    """Whether every group of a step got equal rewards, so its advantages, loss and gradients are exactly 0 (TRL
+    logs the share of such groups as frac_reward_zero_std); None where the trainer did not log it."""
+    frac = row.get("frac_reward_zero_std")
+    return None if frac is None else float(frac) >= 1.0
 
 
 def no_signal_warning(summary: dict[str, Any], reward_names: list[str]) -> str | None:
@@ -182,7 +187,9 @@ def no_signal_warning(summary: dict[str, Any], reward_names: list[str]) -> str |
     if not steps or without != steps:
         return None
     reward = summary.get("reward_last")
-    hint = ("add the repetition reward (--set 'rewards=[\"correctness\", \"format\", \"repetition\"]'), "
+    from rlstack.payload.recipes import WITH_REPETITION, rewards_override
+
+    hint = (f"add the repetition reward (--set '{rewards_override(WITH_REPETITION)}'), "
             if "repetition" not in reward_names else "")
     return (f"no learning signal in any of {steps} steps: within every group the completions got equal rewards "
             f"(mean reward {reward}), so GRPO's advantages, loss and gradients were 0 and the adapter did not "
