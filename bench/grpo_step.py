@@ -227,9 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     tok = common.build_tokenizer()
     path = args.model_dir
     if not path:
+        from rlstack.payload import tokenizer_files
+
         path = tempfile.mkdtemp(prefix="qwen3-4b-random-")
         common.build_model().save_pretrained(path)
-        tok.save_pretrained(path)
+        tokenizer_files.save(tok, path)
     n_prompts = (args.steps + 2) * shape["prompts_per_step"] * 2
     prompts = common.random_prompts(n_prompts, [150, 170, 190, 210], seed=3)
     rows: list[dict[str, Any]] = []

@@ -88,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {**common.header(), "model_dir": str(MODEL_DIR), "steps": args.steps,
                             "completion_override": args.completion}
     if not (MODEL_DIR / "config.json").exists():
+        from rlstack.payload import tokenizer_files
+
         t = time.perf_counter()
         common.build_model().save_pretrained(MODEL_DIR)
-        common.build_tokenizer().save_pretrained(MODEL_DIR)
+        tokenizer_files.save(common.build_tokenizer(), MODEL_DIR)
         data["model_save_s"] = time.perf_counter() - t
     rows: list[dict[str, Any]] = []
     for mode in [m for m in args.modes.split(",") if m]:

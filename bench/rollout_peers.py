@@ -78,6 +78,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     serves), the measured copy bandwidth, and the run id."""
     import torch
 
+    from rlstack.payload import tokenizer_files
+
     PEERS.mkdir(parents=True, exist_ok=True)
     shape = recipe_shape()
     t0 = time.perf_counter()
@@ -85,7 +87,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
         model = common.build_model()
         tok = common.build_tokenizer(model.config.vocab_size)
         model.save_pretrained(PEERS / "base")
-        tok.save_pretrained(PEERS / "base")
+        tokenizer_files.save(tok, PEERS / "base")
         del model
     else:
         tok = None
@@ -105,7 +107,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
         pm.save_pretrained(PEERS / "lora")
         merged = pm.merge_and_unload()
         merged.save_pretrained(PEERS / "merged")
-        (tok or AutoTokenizer.from_pretrained(PEERS / "base")).save_pretrained(PEERS / "merged")
+        tokenizer_files.save(tok or AutoTokenizer.from_pretrained(PEERS / "base"), PEERS / "merged")
         del pm, merged, base
     if not (PEERS / "ceilings.json").exists():
         (PEERS / "ceilings.json").write_text(json.dumps(common.measure_ceilings(), indent=2))

@@ -71,6 +71,25 @@ def test_shadow_follows_lora_updates_without_touching_base() -> None:
             assert torch.equal(p, base_before[n]), n
 
 
+def test_a_model_wrapped_by_lora_after_fastgen_ran_gets_its_own_engine() -> None:
+    """PeftModel forwards unknown attributes to the model it wraps: the bare base's engine must not serve the
+    wrapped model (it decoded without the adapter: `rlstack eval --fastgen` of the base, then of an adapter)."""
+    base = _tiny(5)
+    ids, mask = _prompts(5)
+    before = fastgen.generate(base, ids, mask, 8, do_sample=False, pad_token_id=0, compile=False)
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    wrapped.eval()
+    with torch.no_grad():  # an adapter strong enough to change the greedy tokens
+        for n, p in wrapped.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 1.0)
+    assert fastgen.get_engine(wrapped) is not fastgen.get_engine(base)
+    ref = wrapped.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(wrapped, ids, mask, 8, do_sample=False, pad_token_id=0, compile=False)
+    assert not torch.equal(ref, before), "the adapter must change the tokens, or this test shows nothing"
+    assert torch.equal(ref, got)
+
+
 def test_installed_hook_samples_like_trl_generate() -> None:
     """TRL's call: generate(**inputs, generation_config=gc, disable_compile=True), top_k=None -> 50 default."""
     model = peft.get_peft_model(_tiny(5), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))

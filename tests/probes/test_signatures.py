@@ -38,6 +38,14 @@ REPORT_LINES = {
     "trl-vllm-serve-get-open-port": "ImportError: cannot import name 'get_open_port' from 'vllm.utils' "
                                     "(/usr/local/lib/python3.11/site-packages/vllm/utils/__init__.py)",
     "trl-vllm-serve-sampling-kwargs": "TypeError: Unexpected keyword argument 'truncate_prompt_tokens'",
+    # both seen on the H200 (2026-12-03): zoo 2026.10.6 loading a tiny model whose pad token was its eos token, and
+    # the fp8 stack (transformers 4.57.6, through vLLM) reading a tokenizer the portable stack had saved
+    "unsloth-pad-token-out-of-range": "RuntimeError: Unsloth: Could not find a valid pad token for runs/tiny/"
+                                      "tiny-7746dec5de3b - please inspect the tokenizer. A temporary "
+                                      "'<\uff5cPAD\u2581TOKEN\uff5c>' was added.",
+    "tokenizer-class-transformers5": "RuntimeError: Failed to load the tokenizer. If the tokenizer is a custom "
+                                     "tokenizer not yet available in the HuggingFace transformers library, consider "
+                                     "setting `trust_remote_code=True` in LLM",
     "cuda-toolkit-major-mismatch": "RuntimeError: The detected CUDA version (12.8) mismatches the version that "
                                    "was used to compile\nPyTorch (13.0). Please make sure to use the same CUDA "
                                    "versions.",
@@ -105,3 +113,13 @@ def test_token_type_ids_wall_without_backticks_only_for_that_key() -> None:
         "ValueError: The following model_kwargs are not used by the model: ['token_type_ids']")]
     assert ids == ["hf-generate-unused-token-type-ids"]
     assert signatures.diagnose("ValueError: The following `model_kwargs` are not used by the model: ['foo']") == []
+
+
+def test_unsloth_appended_pad_token_is_a_wall_only_when_it_indexes_past_the_embeddings() -> None:
+    """zoo 2026.6.1 says it appends a pad token and goes on: harmless where the embeddings have spare rows, a wall
+    when the loss then reads past them (the H200 log of 2026-12-03)."""
+    said = "runs/tiny/tiny-7746dec5de3b does not have a padding token! Will use pad_token = <|PAD_TOKEN|>."
+    assert signatures.diagnose(f"{said}\nstep 1 loss 0.2\nsaved adapter\n") == []
+    log = f"{said}\n...\nunknown:0: unknown: block: [2,0,0], thread: [32,0,0] Assertion `index out of bounds: 0 <= " \
+          "tmp21 < 384` failed.\ntorch.AcceleratorError: CUDA error: device-side assert triggered\n"
+    assert [h.signature.id for h in signatures.diagnose(log)] == ["unsloth-pad-token-out-of-range"]

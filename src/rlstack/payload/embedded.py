@@ -37,6 +37,7 @@ from typing import Any
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import sha256_file, swap_in
+from rlstack.payload import tokenizer_files
 
 PREFIX = "embedded:"
 STAMP = "rlstack-embedded.json"
@@ -268,7 +269,7 @@ def materialize(gguf: Path, out: Path) -> None:
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    tokenizer_files.save(tokenizer, out)
 
 
 # --- the cache ------------------------------------------------------------------------------------------------

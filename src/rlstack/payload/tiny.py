@@ -13,17 +13,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlstack.payload import tokenizer_files
 from rlstack.payload.recipes import TinySpec
 
 # '####' is one token so the format the reward asks for is reachable in a single sampling decision.
 MARKER_TOKEN = "####"
 EOS = "<|endoftext|>"
+# A pad token of its own, inside the vocabulary. With pad = eos, Unsloth (zoo 2026.6.1 and 2026.10.6 alike) finds
+# no valid pad and adds a new token past the model's embedding rows: zoo 2026.10.6 refuses to load, 2026.6.1 loads and
+# the first padded GRPO loss indexes out of range (a device-side assert; both measured on an H200).
+PAD = "<|pad|>"
+# Part of the tiny model's name, so a model cached with an older tokenizer is never reused. 2: the pad token above.
+TOKENIZER_REVISION = 2
 
 
 def spec_hash(spec: TinySpec) -> str:
     data = spec.model_dump(mode="json")
     if data.get("tie_word_embeddings") is True:
         del data["tie_word_embeddings"]  # the default, added later: existing tiny models keep their names
+    data["tokenizer_revision"] = TOKENIZER_REVISION
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -51,12 +59,12 @@ def build_tokenizer(spec: TinySpec) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
-        special_tokens=[EOS],
+        special_tokens=[EOS, PAD],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
     fast.add_tokens([MARKER_TOKEN])
     fast.padding_side = "left"
     return fast
@@ -103,7 +111,7 @@ def ensure(spec: TinySpec, root: Path | None = None) -> Path:
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    tokenizer_files.save(tokenizer, tmp)
     (tmp / "rlstack-tiny.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=2))
     try:
         os.replace(tmp, folder)

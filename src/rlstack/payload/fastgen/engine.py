@@ -969,9 +969,13 @@ def release(model: Any) -> None:
 
 
 def get_engine(model: Any, **options: Any) -> FastGenerator:
-    """The model's FastGenerator, created on first use (options only apply then)."""
-    engine = getattr(model, ENGINE_ATTR, None)
-    if engine is None:
+    """The model's FastGenerator, created on first use (options only apply then).
+
+    Looked up in the object's own attributes, never through getattr: a PeftModel forwards unknown attributes to
+    the model it wraps, so getattr found the engine built on the bare base before LoRA wrapped it, and decoded
+    without the adapter (caught by the eval test's LoRA case once the tiny model's weights changed)."""
+    engine = vars(model).get(ENGINE_ATTR) if hasattr(model, "__dict__") else getattr(model, ENGINE_ATTR, None)
+    if engine is None or engine.model is not model:
         engine = FastGenerator(model, **options)
         object.__setattr__(model, ENGINE_ATTR, engine) if _is_module(model) else setattr(model, ENGINE_ATTR, engine)
     return engine

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.core.errors import RlstackError
-from rlstack.payload import adapters, prompt
+from rlstack.payload import adapters, prompt, tokenizer_files
 from rlstack.payload.recipes import Recipe
 from rlstack.payload.train import checkpoints, metrics, ranks
 
@@ -279,7 +279,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
 
     def fill(folder: Path) -> None:
         trainer.model.save_pretrained(str(folder))
-        loaded.tokenizer.save_pretrained(str(folder))
+        tokenizer_files.save(loaded.tokenizer, folder)
 
     with checkpoints.disk_full_guard(root, f"writing adapter {name}",
                                      "free disk space, then --resume: only the adapter is written again"):

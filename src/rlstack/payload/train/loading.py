@@ -125,6 +125,8 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
     except Exception as exc:
+        if "valid pad token" in str(exc):  # unsloth_zoo >= 2026.10 refuses where older zoo failed later (below)
+            raise pad_token_error(target, str(exc)[:300]) from exc
         if fp8:
             raise Fp8UnavailableError(
                 f"Unsloth could not load {target} with load_in_fp8={kwargs['load_in_fp8']!r}: "
@@ -133,6 +135,7 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
                 "block); train without --fp8 for the portable path",
             ) from exc
         raise
+    check_pad_token(tokenizer, model, target)
     layers = top_layers(model, lora)
     model = FastLanguageModel.get_peft_model(
         model,
@@ -155,6 +158,33 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
             print(f"rlstack: torchao FP8 weights: {', '.join(shimmed)} (rlstack.payload.train.compat)",
                   file=sys.stderr)
     return Loaded(model, tokenizer, base_id, "unsloth-fp8" if fp8 else "unsloth", "cuda")
+
+
+def pad_token_error(target: str, detail: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{target}: no usable pad token for Unsloth: {detail}. Unsloth takes a pad token equal to the eos token (or "
+        "none) as missing and adds a new one; past the model's embedding rows, the first padded GRPO batch indexes "
+        "out of range (a CUDA device-side assert)",
+        "give the tokenizer a pad token of its own that is in the vocabulary (an unused reserved token, or the unk "
+        "token: tokenizer.pad_token = ...; save it with the model), or resize the model's embeddings to the "
+        "tokenizer; rlstack's tiny model has one since tokenizer revision 2",
+    )
+
+
+def check_pad_token(tokenizer: Any, model: Any, target: str) -> None:
+    """Refuse before training when the tokenizer's pad id has no embedding row. Unsloth (zoo 2026.6.1) replaces a
+    pad token equal to eos with a token it appends to the tokenizer without resizing the model, so the loss's
+    gather reads past the embeddings: measured on an H200 as 'index out of bounds' device-side asserts in
+    grpo_accumulated_loss, after the whole rollout, instead of this message at load time."""
+    inner = getattr(tokenizer, "tokenizer", None) or tokenizer  # a processor wraps its tokenizer
+    pad = getattr(inner, "pad_token_id", None)
+    try:
+        rows = int(model.get_input_embeddings().weight.shape[0])
+    except (AttributeError, TypeError, IndexError):
+        return  # no embedding matrix to check against: nothing to refuse
+    if isinstance(pad, int) and pad >= rows:
+        raise pad_token_error(target, f"its pad token {getattr(inner, 'pad_token', None)!r} has id {pad}, past the "
+                                      f"model's {rows} embedding rows")
 
 
 def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str, str]:
