@@ -90,6 +90,26 @@ def test_a_model_wrapped_by_lora_after_fastgen_ran_gets_its_own_engine() -> None
     assert torch.equal(ref, got)
 
 
+def test_on_logits_sees_what_each_step_sampled_from() -> None:
+    """The observation hook of bench/fastgen_fidelity.py: each step's logits, before sampling, are the ones the
+    token came from and the ones the model's own teacher-forced forward gives at that position."""
+    model = peft.get_peft_model(_tiny(6), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(6)
+    seen: list[torch.Tensor] = []
+    engine = fastgen.get_engine(model, compile=False)
+    out = engine.generate(ids, mask, 6, fastgen.Sampling(do_sample=False, pad_token_id=0),
+                          on_logits=lambda k, logits: seen.append(logits.clone()))
+    assert len(seen) == 6 and all(t.dtype == torch.float32 and t.shape == (3, 300) for t in seen)
+    P = ids.shape[1]
+    assert torch.equal(torch.stack([t.argmax(-1) for t in seen], 1), out[:, P:])
+    full = torch.cat([mask, torch.ones_like(out[:, P:])], 1)
+    pos = (full.long().cumsum(-1) - 1).masked_fill(full == 0, 1)
+    with torch.no_grad():
+        ref = model(input_ids=out, attention_mask=full, position_ids=pos).logits.float()[:, P - 1:-1]
+    torch.testing.assert_close(torch.stack(seen, 1), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_installed_hook_samples_like_trl_generate() -> None:
     """TRL's call: generate(**inputs, generation_config=gc, disable_compile=True), top_k=None -> 50 default."""
     model = peft.get_peft_model(_tiny(5), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))

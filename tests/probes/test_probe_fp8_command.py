@@ -115,6 +115,44 @@ def test_runtime_rows_current_or_stale(fake_suite: FakeSuite, stack_tree: Path,
     assert commands.probe_fp8() == 0
 
 
+def test_a_failure_rlstack_caused_and_fixed_later_is_listed_not_held_against_fp8(
+        fake_suite: FakeSuite, stack_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The H200 rows of 2026-12-03: grpo-step failed on rlstack's own tiny model (its pad token was its eos),
+    fixed in rlstack at the wall's probe_fixed time. Rows measured before it are to be measured again; a row
+    measured after it that fails the same way fails fp8 again, and so does a failure with no wall named."""
+    from rlstack.probes import signatures
+
+    wall = "unsloth-pad-token-out-of-range"
+    fixed = signatures.by_id(wall).probe_fixed  # type: ignore[union-attr]
+    assert fixed
+
+    def row(date: str, wall_id: str | None) -> Row:
+        return Row(stack="fp8", lock_hash=NEW_LOCK, gpu_arch="sm_90", source="measured", date=date,
+                   probes=[ProbeCell(id="runtime:vllm-lora", status="pass"),
+                           ProbeCell(id="runtime:grpo-step", status="fail", wall=wall_id)])
+
+    _matrix(stack_tree, [row("2026-12-03T19:35:15Z", wall)])
+    assert commands.probe_fp8() == 0
+    out = capsys.readouterr().out
+    assert f"walls: {wall} (rlstack's probe setup, fixed since: measure again)" in out
+    assert f"sm_90 failed only on rlstack's own {wall}, fixed in rlstack since: to be measured again" in out
+    _matrix(stack_tree, [row("2026-12-04T09:00:00Z", wall)])
+    assert commands.probe_fp8() == 1
+    assert f"sm_90 FAIL ({wall})" in capsys.readouterr().out
+    _matrix(stack_tree, [row("2026-12-03T19:35:15Z", None)])
+    assert commands.probe_fp8() == 1
+
+
+def test_probe_fixed_must_be_a_time(tmp_path: Path) -> None:
+    from rlstack.core.errors import RlstackError
+    from rlstack.probes import signatures
+
+    bad = tmp_path / "s.yaml"
+    bad.write_text("signatures:\n  - {id: a, pattern: x, title: t, explanation: e, fix: f, probe_fixed: yesterday}\n")
+    with pytest.raises(RlstackError, match="probe_fixed.*not an ISO 8601 time"):
+        signatures.load(bad)
+
+
 def test_json_holds_both_reports_and_output_writes_each(fake_suite: FakeSuite, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert commands.probe_fp8(json_=True, output=tmp_path / "out") == 0

@@ -44,6 +44,40 @@ def test_runtime_child_failure_is_diagnosed(monkeypatch: pytest.MonkeyPatch) -> 
     assert res.status == "fail" and res.signature == "lora-warmup-rank" and res.fix
 
 
+def test_grpo_step_names_a_wall_from_the_whole_train_log(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The cause can be far from the tail the report keeps: Unsloth says at load that it appends a pad token, and
+    the out-of-range read it leads to asserts after the rollout (the H200 log of 2026-12-03)."""
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    log = ("runs/tiny/tiny-x does not have a padding token! Will use pad_token = <|PAD_TOKEN|>.\n"
+           + "".join(f"rollout line {i}\n" for i in range(200))
+           + "Assertion `index out of bounds: 0 <= tmp21 < 384` failed.\n" + "  File x, line 1\n" * 40)
+    monkeypatch.setattr(runtime.subprocess, "run", _fake_train([], 1, log))
+    runtime.body_grpo_step()
+    got = _emitted(capsys)
+    assert got["status"] == "fail" and "exited 1: Unsloth adds a pad token" in str(got["reason"])
+    assert dict(got["facts"])["wall"] == "unsloth-pad-token-out-of-range"  # type: ignore[call-overload]
+
+
+def test_a_wall_a_probe_body_named_reaches_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    import subprocess
+    import sys
+
+    real_run = subprocess.run
+    line = runtime.MARK + json.dumps({"status": "fail", "reason": "rlstack train exited 1",
+                                      "facts": {"wall": "unsloth-pad-token-out-of-range"}})
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        return real_run([sys.executable, "-c", f"print({line!r})"], **kw)
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    res = runtime.run_probe("grpo-step")
+    assert res.status == "fail" and res.signature == "unsloth-pad-token-out-of-range" and res.fix
+
+
 def test_coinstall_conflict_names_the_torch_pins(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = ("error: No solution found when resolving dependencies\n  cause: Because vllm==0.21.0 depends on "
             "torch==2.11.0 and you require torch==2.10.0, we can conclude that your requirements are unsatisfiable.")

@@ -168,8 +168,11 @@ def body_grpo_step() -> None:
         if _have("unsloth"):
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
             # lives), on a tiny model with 64-wide heads so its kernels take their usual shapes
-            # and untied embeddings: Unsloth's generate on this tied tiny model dies in a device-side assert
-            # (seen on an H200 with unsloth 2026.3.11 and 2026.6.1), before any GRPO code runs
+            # and untied embeddings: Unsloth's generate on this tied tiny model died in a device-side assert
+            # (seen on an H200 with unsloth 2026.3.11 and 2026.6.1), before any GRPO code ran. Most likely not the
+            # tying: those logs also show Unsloth appending a pad token past the embeddings, the wall the untied
+            # model then hit in the loss (unsloth-pad-token-out-of-range); the tiny tokenizer has its own pad since.
+            # Untied stays until a GPU run shows the tied model passing.
             overrides += ["model.loader=unsloth", "model.tiny.tie_word_embeddings=false", "model.tiny.hidden_size=256",
                           "model.tiny.intermediate_size=512", "model.tiny.num_attention_heads=4"]
             loader = "unsloth"
@@ -189,8 +192,15 @@ def body_grpo_step() -> None:
         sys.stdout.write(proc.stderr[-6000:])
         flag = " --fp8" if fp8 else ""
         if proc.returncode != 0:
-            _emit("fail", f"rlstack train{flag} --max-steps 1 ({loader}) exited {proc.returncode}", loader=loader,
-                  fp8=fp8)
+            # named from the whole train log: the report keeps only its tail, where the cause may not be (Unsloth
+            # says it appends a pad token at load; the assert it leads to comes after the rollout)
+            from rlstack.probes import signatures
+
+            hits = signatures.diagnose(proc.stdout + proc.stderr)
+            named = f": {hits[0].signature.title}" if hits else ""
+            _emit("fail", f"rlstack train{flag} --max-steps 1 ({loader}) exited {proc.returncode}{named}",
+                  loader=loader, fp8=fp8, wall=hits[0].signature.id if hits else None,
+                  wall_line=hits[0].excerpt if hits else None)
             return
         # the loader that ran, as rlstack train says it (its progress line), over the one asked for
         said = LOADER_RE.search(proc.stdout + proc.stderr)
@@ -290,7 +300,12 @@ def run_probe(name: str, *, fp8: bool = False) -> ProbeResult:
         ev = [Evidence(text=json.dumps(result["facts"])[:1500], command=cmd_s)]
         if result["status"] == "fail":
             ev.append(Evidence(text=log[-3000:]))
-        return ProbeResult(id=pid, layer="runtime", status=result["status"], reason=result["reason"], evidence=ev)
+        from rlstack.probes import signatures
+
+        wall = result["facts"].get("wall") if result["status"] == "fail" else None
+        sig = signatures.by_id(wall) if wall else None
+        return ProbeResult(id=pid, layer="runtime", status=result["status"], reason=result["reason"], evidence=ev,
+                           signature=sig.id if sig else None, fix=sig.fix if sig else None)
     from rlstack.probes import signatures
 
     hits = signatures.diagnose(log)

@@ -7,13 +7,14 @@ runs the patterns over a failed probe's own evidence, so a probe that crashed ge
 
 from __future__ import annotations
 
+import datetime as _dt
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlstack.core.errors import RlstackError
 from rlstack.probes.model import ProbeResult
@@ -30,6 +31,30 @@ class Signature(BaseModel):
     explanation: str
     fix: str
     source: str | None = None
+    probe_fixed: str | None = Field(
+        default=None,
+        description="UTC time (ISO 8601) from which rlstack's own probes no longer meet this wall, for a wall whose "
+                    "fault was rlstack's probe setup (its tiny model, say), not the stack: a runtime row measured "
+                    "before it does not count against the stack's verdict and is listed as to be measured again")
+
+    @field_validator("probe_fixed")
+    @classmethod
+    def _iso(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                _dt.datetime.fromisoformat(v)
+            except ValueError:
+                raise ValueError(f"not an ISO 8601 time: {v!r} (e.g. 2026-12-03T20:00:00Z)") from None
+        return v
+
+    def superseded(self, measured: str) -> bool:
+        """True when rlstack's probes stopped meeting this wall after a row measured at `measured` (ISO time)."""
+        if self.probe_fixed is None:
+            return False
+        try:
+            return _dt.datetime.fromisoformat(measured) < _dt.datetime.fromisoformat(self.probe_fixed)
+        except ValueError:  # a row without a usable time: not known to be older, so it still counts
+            return False
 
     @field_validator("pattern")
     @classmethod

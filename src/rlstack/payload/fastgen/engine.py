@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlstack.core.errors import RlstackError
@@ -843,9 +843,14 @@ class FastGenerator:
         return entry
 
     def generate(self, input_ids: Any, attention_mask: Any | None, max_new_tokens: int,
-                 sampling: Sampling | None = None, generator: Any = None) -> Any:
+                 sampling: Sampling | None = None, generator: Any = None,
+                 on_logits: Callable[[int, Any], None] | None = None) -> Any:
         """Return [B, P + T'] token ids like ``model.generate`` (prompt, then completions padded with the pad token
-        after EOS; T' <= max_new_tokens, shorter only when every row finished early)."""
+        after EOS; T' <= max_new_tokens, shorter only when every row finished early).
+
+        ``on_logits(step, logits)`` sees each step's float32 logits [B, V] before sampling, unwarped: what the
+        engine computes, for measuring it against the training model (bench/fastgen_fidelity.py). The tensor is
+        the engine's buffer, overwritten by the next step: copy what you keep."""
         import torch
 
         sampling = sampling or Sampling()
@@ -871,14 +876,14 @@ class FastGenerator:
             else:
                 self.decoder.eval()
             try:
-                out = self._run(input_ids, attention_mask, max_new_tokens, total, sampling, generator)
+                out = self._run(input_ids, attention_mask, max_new_tokens, total, sampling, generator, on_logits)
             finally:
                 if was_training and self._shadow is None:
                     self.decoder.train()
         return out
 
     def _run(self, input_ids: Any, attention_mask: Any, max_new_tokens: int, total: int, sampling: Sampling,
-             generator: Any) -> Any:
+             generator: Any, on_logits: Callable[[int, Any], None] | None = None) -> Any:
         import torch
 
         batch, prompt_len = input_ids.shape
@@ -905,6 +910,8 @@ class FastGenerator:
         unfinished = torch.ones(batch, dtype=torch.bool, device=self.device)
         steps_done = max_new_tokens
         for k in range(max_new_tokens):
+            if on_logits is not None:
+                on_logits(k, logits)
             tok = sample_next(logits, sampling, k, generator)
             if eos is not None:
                 tok = torch.where(unfinished, tok, torch.full_like(tok, sampling.pad_token_id))

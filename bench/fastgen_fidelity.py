@@ -1,0 +1,230 @@
+"""Does fastgen compute the policy's function on a real pretrained model? (issue 14, "same function")
+
+On the embedded SmolLM2-135M-Instruct (a real model, from a pinned PyPI wheel: rlstack.payload.embedded) with a
+LoRA adapter whose B is not zero (a trained adapter is not zero), in bf16 by default:
+
+1. greedy: fastgen's tokens against transformers' generate on the same prompts (GSM8K-style problems rendered
+   with rlstack's prompt), every sequence run to the same length (EOS held off, so every position is compared);
+   target: equal on >= 95 % of positions. First divergences are reported too: greedy decoding copies one flipped
+   token into everything after it, so a single near-tie ends a row's agreement.
+2. sampling: fastgen samples the recipe's way (temperature, top-k 50); each step's logits come out through the
+   engine's `on_logits` hook (an observation: nothing in the engine changes). The training model (the PEFT
+   model) is then run teacher-forced on the sampled sequences, as GRPO's loss does, and the per-token KL between
+   the two full distributions at the sampling temperature is reported, with the log-ratio of the sampled tokens.
+
+What a difference does to the update: with TRL 0.24 and num_iterations = 1 the loss's log-probs and "old"
+log-probs both come from the training model, so the sampler's log-probs never enter the loss; a sampler that
+differs from the policy makes the rollouts slightly off-policy (by the KL measured here), which biases the
+gradient estimate by that much, and nothing corrects for it (TRL's importance-sampling correction exists for
+vLLM only). The log-ratio on sampled tokens is the importance weight such a correction would apply.
+
+Runs where it is: CPU here (no compile, eager; minutes on 2 cores), CUDA on the device machine (compiled, CUDA
+graphs: `bash bench/native_probe.sh py portable bench/fastgen_fidelity.py`; the model folder must be carried or
+built there, see --model). Rows are keyed by device, model, dtype and engine mode: a run replaces its own rows
+in bench/results/fastgen_fidelity.json and keeps the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+
+NAME = "fastgen_fidelity"
+
+
+def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int) -> tuple[Any, Any, str]:
+    """(PEFT model, tokenizer, folder): the base in `dtype` on `device`, LoRA on every projection with B drawn
+    N(0, 0.02) (zero-B would make the adapter a no-op and the test of the merge empty)."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlstack.payload import embedded
+
+    folder = str(embedded.ensure(model_name)) if embedded.is_embedded(model_name) else model_name
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+    if lora_r <= 0:
+        return base, tok, folder
+    model = peft.get_peft_model(base, peft.LoraConfig(
+        r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+    return model.eval(), tok, folder
+
+
+def prompts(tok: Any, n: int, seed: int) -> list[str]:
+    from rlstack.payload import prompt
+    from rlstack.payload.data.generator import generate
+
+    return [prompt.render(tok, p.question) for p in generate(n, seed=seed, level="easy")]
+
+
+def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device: str,
+           control: bool = True) -> dict[str, Any]:
+    """fastgen vs generate, greedy, `new` tokens each (EOS held off on both sides). The control: transformers'
+    static-cache generate against its default dynamic cache, the same question asked of transformers itself
+    (in bf16 a different kernel or reduction order alone flips near-ties; in float32 neither should)."""
+    import torch
+
+    from rlstack.payload import fastgen
+
+    engine = fastgen.get_engine(model)
+    eos = int(tok.eos_token_id)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
+    equal = total = 0
+    prefixes: list[int] = []
+    margins: list[float] = []
+    ctrl_equal = 0
+    t_fast = t_ref = 0.0
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i:i + batch], return_tensors="pt", padding=True).to(device)
+        P = enc["input_ids"].shape[1]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 pad_token_id=pad, eos_token_id=eos, output_scores=True,
+                                 return_dict_in_generate=True)
+        ref = out.sequences[:, P:]
+        t_ref += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got = engine.generate(enc["input_ids"], enc["attention_mask"], new,
+                              fastgen.Sampling(do_sample=False, min_new_tokens=new, eos_token_ids=(eos,),
+                                               pad_token_id=pad))[:, P:]
+        t_fast += time.perf_counter() - t0
+        if control:
+            # transformers' own other path on the same weights: a static cache instead of the dynamic one
+            with torch.no_grad():
+                alt = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                     pad_token_id=pad, eos_token_id=eos, cache_implementation="static",
+                                     disable_compile=True)[:, P:]
+            ctrl_equal += int((alt == ref).sum())
+        same = (ref == got).int()
+        equal += int(same.sum())
+        total += same.numel()
+        first = [int(x) for x in same.cumprod(1).sum(1)]
+        prefixes += first
+        # at a row's first divergence both engines saw the same prefix: generate's own logit gap between its
+        # token and fastgen's says whether the flip was a near-tie (rounding-sized) or a real difference
+        for row, d in enumerate(first):
+            if d < new:
+                scores = out.scores[d][row].float()
+                margins.append(float(scores[ref[row, d]] - scores[got[row, d]]))
+    return {"greedy_positions": total, "greedy_equal_fraction": round(equal / total, 4),
+            "greedy_rows_identical": sum(p == new for p in prefixes), "greedy_rows": len(prefixes),
+            "first_divergence_median": statistics.median(prefixes), "first_divergence_min": min(prefixes),
+            "divergence_logit_gap_max": round(max(margins), 4) if margins else None,
+            "divergence_logit_gap_median": round(statistics.median(margins), 4) if margins else None,
+            "control_static_cache_equal_fraction": round(ctrl_equal / total, 4) if control else None,
+            "generate_s": round(t_ref, 2), "fastgen_s": round(t_fast, 2)}
+
+
+def sampled_kl(model: Any, tok: Any, texts: list[str], new: int, batch: int, device: str, temperature: float,
+               top_k: int, seed: int) -> dict[str, Any]:
+    """Sample with fastgen, recording its logits; score the same tokens with the training model's forward."""
+    import torch
+
+    from rlstack.payload import fastgen
+
+    engine = fastgen.get_engine(model)
+    eos = int(tok.eos_token_id)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
+    kls: list[float] = []
+    ratios: list[float] = []
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i:i + batch], return_tensors="pt", padding=True).to(device)
+        P = enc["input_ids"].shape[1]
+        steps: list[Any] = []
+        gen = torch.Generator(device=device).manual_seed(seed + i)
+        seq = engine.generate(enc["input_ids"], enc["attention_mask"], new,
+                              fastgen.Sampling(do_sample=True, temperature=temperature, top_k=top_k,
+                                               min_new_tokens=new, eos_token_ids=(eos,), pad_token_id=pad),
+                              generator=gen, on_logits=lambda k, logits, out=steps: out.append(logits.detach().clone()))
+        q = torch.log_softmax(torch.stack(steps, 1) / temperature, -1)  # fastgen: [B, T, V]
+        mask = torch.cat([enc["attention_mask"], torch.ones_like(seq[:, P:])], 1)
+        pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        with torch.no_grad():
+            logits = model(input_ids=seq, attention_mask=mask, position_ids=pos).logits.float()[:, P - 1:-1]
+        p = torch.log_softmax(logits / temperature, -1)  # the training model, as GRPO's loss computes it
+        kl = (p.exp() * (p - q)).sum(-1)  # KL(policy || sampler) per token
+        tokens = seq[:, P:]
+        ratio = (p.gather(-1, tokens[..., None]) - q.gather(-1, tokens[..., None]))[..., 0]
+        kls += kl.flatten().tolist()
+        ratios += ratio.abs().flatten().tolist()
+    kls.sort()
+    ratios.sort()
+    return {"kl_tokens": len(kls), "kl_mean": statistics.fmean(kls), "kl_p99": kls[int(0.99 * (len(kls) - 1))],
+            "kl_max": kls[-1], "abs_log_ratio_mean": statistics.fmean(ratios),
+            "abs_log_ratio_max": ratios[-1]}
+
+
+def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows already in the results file, with this run's replacing those of the same key."""
+    old = json.loads(path.read_text()).get("table", []) if path.exists() else []
+    mine = {tuple(r.get(k) for k in key) for r in rows}
+    return [r for r in old if tuple(r.get(k) for k in key) not in mine] + rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="embedded:smollm2-135m", help="embedded:<key> or a model folder")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("-n", type=int, default=16, help="prompts (generated-easy problems, held-out seed)")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lora-r", type=int, default=16, help="0: no adapter (the base alone)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.perf_counter()
+    model, tok, folder = load(a.model, a.dtype, device, a.lora_r, a.seed)
+    texts = prompts(tok, a.n, seed=a.seed + 1000)
+    print(f"fastgen_fidelity: {a.model} ({folder}) {a.dtype} on {device}, LoRA r={a.lora_r}, {a.n} prompts x "
+          f"{a.new_tokens} tokens", file=sys.stderr, flush=True)
+    g = greedy(model, tok, texts, a.new_tokens, a.batch, device)
+    print(f"greedy: {g}", file=sys.stderr, flush=True)
+    s = sampled_kl(model, tok, texts, a.new_tokens, a.batch, device, a.temperature, a.top_k, a.seed)
+    print(f"sampled: {s}", file=sys.stderr, flush=True)
+    from rlstack.payload import fastgen
+
+    engine = fastgen.get_engine(model)
+    row = {"device": device, "model": a.model, "dtype": a.dtype, "lora_r": a.lora_r,
+           "engine_mode": f"compile={engine.compile} graph={engine.graph}", "prompts": a.n,
+           "new_tokens": a.new_tokens, "temperature": a.temperature, "top_k": a.top_k, **g,
+           **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in s.items()},
+           "target_greedy_95": g["greedy_equal_fraction"] >= 0.95, "wall_s": round(time.perf_counter() - t0, 1),
+           "command": "python bench/fastgen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    results = common.RESULTS / f"{NAME}.json"
+    table = merge_rows(results, [row], ("device", "model", "dtype", "lora_r", "engine_mode"))
+    cols = ["device", "model", "dtype", "lora_r", "engine_mode", "greedy_equal_fraction", "greedy_rows_identical",
+            "greedy_rows", "first_divergence_median", "divergence_logit_gap_max",
+            "control_static_cache_equal_fraction", "kl_mean", "kl_p99", "kl_max", "abs_log_ratio_mean",
+            "target_greedy_95"]
+    notes = ("`bench/fastgen_fidelity.py`: fastgen against transformers' generate (greedy, every position) and "
+             "against the training model's teacher-forced distribution (sampled, per-token KL at the sampling "
+             "temperature), on a real pretrained model with a non-zero LoRA adapter. Target: greedy tokens equal "
+             "on >= 95 % of positions. The module docstring says what a KL does to GRPO's update.")
+    common.write_results(NAME, common.header(), table, cols, notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
