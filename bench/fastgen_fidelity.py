@@ -19,9 +19,10 @@ gradient estimate by that much, and nothing corrects for it (TRL's importance-sa
 vLLM only). The log-ratio on sampled tokens is the importance weight such a correction would apply.
 
 Runs where it is: CPU here (no compile, eager; minutes on 2 cores), CUDA on the device machine (compiled, CUDA
-graphs: `bash bench/native_probe.sh py portable bench/fastgen_fidelity.py`; the model folder must be carried or
-built there, see --model). Rows are keyed by device, model, dtype and engine mode: a run replaces its own rows
-in bench/results/fastgen_fidelity.json and keeps the others.
+graphs), where the embedded model and portable's transformers travel: bench/fastgen_fidelity_device.sh.
+`--engine-option` switches one part of the engine (the LoRA merge, the decode attention, compile) to find
+where a divergence comes from. Rows are keyed by device, model, dtype, LoRA rank and engine mode: a run replaces
+its own rows in bench/results/fastgen_fidelity.json and keeps the others.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ from typing import Any
 import common
 
 NAME = "fastgen_fidelity"
+COLUMNS = ["device", "model", "dtype", "lora_r", "engine_mode", "greedy_equal_fraction", "greedy_rows_identical",
+           "greedy_rows", "first_divergence_median", "divergence_logit_gap_max",
+           "control_static_cache_equal_fraction", "control_static_compiled_equal_fraction", "kl_mean", "kl_p99",
+           "kl_max", "control_generate_kl_mean", "abs_log_ratio_mean", "target_greedy_95", "versions"]
+NOTES = ("`bench/fastgen_fidelity.py`: fastgen against transformers' generate (greedy, every position) and "
+         "against the training model's teacher-forced distribution (sampled, per-token KL at the sampling "
+         "temperature), on a real pretrained model with a non-zero LoRA adapter. Target: greedy tokens equal "
+         "on >= 95 % of positions. The module docstring says what a KL does to GRPO's update. The header above "
+         "is the last run's machine; each row names its own (`versions`).")
 
 
 def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int) -> tuple[Any, Any, str]:
@@ -76,7 +86,9 @@ def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device:
            control: bool = True) -> dict[str, Any]:
     """fastgen vs generate, greedy, `new` tokens each (EOS held off on both sides). The control: transformers'
     static-cache generate against its default dynamic cache, the same question asked of transformers itself
-    (in bf16 a different kernel or reduction order alone flips near-ties; in float32 neither should)."""
+    (in bf16 a different kernel or reduction order alone flips near-ties; in float32 neither should); on CUDA
+    also its compiled static-cache path, the library's own fused engine (on the H200 the uncompiled static
+    cache ran the very kernels of the dynamic one and agreed on every position, a control too close to tell)."""
     import torch
 
     from rlstack.payload import fastgen
@@ -87,7 +99,7 @@ def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device:
     equal = total = 0
     prefixes: list[int] = []
     margins: list[float] = []
-    ctrl_equal = 0
+    ctrl_equal = ctrl_compiled_equal = 0
     t_fast = t_ref = 0.0
     for i in range(0, len(texts), batch):
         enc = tok(texts[i:i + batch], return_tensors="pt", padding=True).to(device)
@@ -111,6 +123,13 @@ def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device:
                                      pad_token_id=pad, eos_token_id=eos, cache_implementation="static",
                                      disable_compile=True)[:, P:]
             ctrl_equal += int((alt == ref).sum())
+            if device == "cuda":
+                # transformers' compiled path (static cache, generate's own auto-compile on CUDA): fused kernels
+                # like fastgen's, so it says whether a compiled engine can meet the target in this dtype at all
+                with torch.no_grad():
+                    alt = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                         pad_token_id=pad, eos_token_id=eos, cache_implementation="static")[:, P:]
+                ctrl_compiled_equal += int((alt == ref).sum())
         same = (ref == got).int()
         equal += int(same.sum())
         total += same.numel()
@@ -128,6 +147,8 @@ def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device:
             "divergence_logit_gap_max": round(max(margins), 4) if margins else None,
             "divergence_logit_gap_median": round(statistics.median(margins), 4) if margins else None,
             "control_static_cache_equal_fraction": round(ctrl_equal / total, 4) if control else None,
+            "control_static_compiled_equal_fraction":
+                round(ctrl_compiled_equal / total, 4) if control and device == "cuda" else None,
             "generate_s": round(t_ref, 2), "fastgen_s": round(t_fast, 2)}
 
 
@@ -143,31 +164,52 @@ def sampled_kl(model: Any, tok: Any, texts: list[str], new: int, batch: int, dev
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos)
     kls: list[float] = []
     ratios: list[float] = []
+    ctrl: list[float] = []
     for i in range(0, len(texts), batch):
         enc = tok(texts[i:i + batch], return_tensors="pt", padding=True).to(device)
-        P = enc["input_ids"].shape[1]
         steps: list[Any] = []
         gen = torch.Generator(device=device).manual_seed(seed + i)
         seq = engine.generate(enc["input_ids"], enc["attention_mask"], new,
                               fastgen.Sampling(do_sample=True, temperature=temperature, top_k=top_k,
                                                min_new_tokens=new, eos_token_ids=(eos,), pad_token_id=pad),
                               generator=gen, on_logits=lambda k, logits, out=steps: out.append(logits.detach().clone()))
-        q = torch.log_softmax(torch.stack(steps, 1) / temperature, -1)  # fastgen: [B, T, V]
-        mask = torch.cat([enc["attention_mask"], torch.ones_like(seq[:, P:])], 1)
-        pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        kl, ratio = _against_policy(model, enc, seq, torch.stack(steps, 1), temperature)
+        kls += kl
+        ratios += ratio
+        # the control: transformers' generate sampling from the same PEFT model (TRL's default rollout), its raw
+        # logits scored the same way: the KL every TRL user's rollouts already carry in this dtype
         with torch.no_grad():
-            logits = model(input_ids=seq, attention_mask=mask, position_ids=pos).logits.float()[:, P - 1:-1]
-        p = torch.log_softmax(logits / temperature, -1)  # the training model, as GRPO's loss computes it
-        kl = (p.exp() * (p - q)).sum(-1)  # KL(policy || sampler) per token
-        tokens = seq[:, P:]
-        ratio = (p.gather(-1, tokens[..., None]) - q.gather(-1, tokens[..., None]))[..., 0]
-        kls += kl.flatten().tolist()
-        ratios += ratio.abs().flatten().tolist()
+            out = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=True,
+                                 temperature=temperature, top_k=top_k, top_p=1.0, pad_token_id=pad,
+                                 eos_token_id=eos, output_logits=True, return_dict_in_generate=True)
+        kl, _ = _against_policy(model, enc, out.sequences, torch.stack(out.logits, 1).float(), temperature)
+        ctrl += kl
     kls.sort()
     ratios.sort()
+    ctrl.sort()
     return {"kl_tokens": len(kls), "kl_mean": statistics.fmean(kls), "kl_p99": kls[int(0.99 * (len(kls) - 1))],
             "kl_max": kls[-1], "abs_log_ratio_mean": statistics.fmean(ratios),
-            "abs_log_ratio_max": ratios[-1]}
+            "abs_log_ratio_max": ratios[-1], "control_generate_kl_mean": statistics.fmean(ctrl),
+            "control_generate_kl_p99": ctrl[int(0.99 * (len(ctrl) - 1))]}
+
+
+def _against_policy(model: Any, enc: Any, seq: Any, sampler_logits: Any, temperature: float
+                    ) -> tuple[list[float], list[float]]:
+    """Per-token KL(policy || sampler) and |log-ratio| of the sampled tokens, the policy being the training
+    model's teacher-forced forward over the sampled sequence at the sampling temperature (GRPO's log-probs)."""
+    import torch
+
+    P = enc["input_ids"].shape[1]
+    q = torch.log_softmax(sampler_logits / temperature, -1)  # [B, T, V]
+    mask = torch.cat([enc["attention_mask"], torch.ones_like(seq[:, P:])], 1)
+    pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        logits = model(input_ids=seq, attention_mask=mask, position_ids=pos).logits.float()[:, P - 1:-1]
+    p = torch.log_softmax(logits / temperature, -1)
+    kl = (p.exp() * (p - q)).sum(-1)
+    tokens = seq[:, P:]
+    ratio = (p.gather(-1, tokens[..., None]) - q.gather(-1, tokens[..., None]))[..., 0]
+    return kl.flatten().tolist(), ratio.abs().flatten().tolist()
 
 
 def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -175,6 +217,18 @@ def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> 
     old = json.loads(path.read_text()).get("table", []) if path.exists() else []
     mine = {tuple(r.get(k) for k in key) for r in rows}
     return [r for r in old if tuple(r.get(k) for k in key) not in mine] + rows
+
+
+def engine_options(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings as FastGenerator keyword arguments: true/false as booleans, digits as ints."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-option wants KEY=VALUE, got {pair!r} (e.g. merge_lora=false)")
+        low = value.lower()
+        out[key] = low == "true" if low in ("true", "false") else int(value) if value.isdigit() else value
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a FastGenerator option, to find which part of the engine a divergence comes from: "
+                         "merge_lora=false (decode through the PEFT modules, as the training model does), "
+                         "gqa_attention=false (transformers' sdpa), compile=false; repeatable")
     a = ap.parse_args(argv)
+    options = engine_options(a.engine_option)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -199,30 +258,29 @@ def main(argv: list[str] | None = None) -> int:
     texts = prompts(tok, a.n, seed=a.seed + 1000)
     print(f"fastgen_fidelity: {a.model} ({folder}) {a.dtype} on {device}, LoRA r={a.lora_r}, {a.n} prompts x "
           f"{a.new_tokens} tokens", file=sys.stderr, flush=True)
+    from rlstack.payload import fastgen
+
+    engine = fastgen.get_engine(model, **options)  # built here with the options; greedy and sampled reuse it
     g = greedy(model, tok, texts, a.new_tokens, a.batch, device)
     print(f"greedy: {g}", file=sys.stderr, flush=True)
     s = sampled_kl(model, tok, texts, a.new_tokens, a.batch, device, a.temperature, a.top_k, a.seed)
     print(f"sampled: {s}", file=sys.stderr, flush=True)
-    from rlstack.payload import fastgen
+    import transformers
 
-    engine = fastgen.get_engine(model)
+    # the file's header holds the last run's versions; rows from other machines keep their own here
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     row = {"device": device, "model": a.model, "dtype": a.dtype, "lora_r": a.lora_r,
-           "engine_mode": f"compile={engine.compile} graph={engine.graph}", "prompts": a.n,
+           "versions": f"torch {torch.__version__}, transformers {transformers.__version__} on {where}",
+           "engine_mode": " ".join([f"compile={engine.compile} graph={engine.graph}",
+                                    *(f"{k}={v}" for k, v in sorted(options.items()) if k != "compile")]),
+           "prompts": a.n,
            "new_tokens": a.new_tokens, "temperature": a.temperature, "top_k": a.top_k, **g,
-           **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in s.items()},
+           **{k: (round(v, 6) + 0.0 if isinstance(v, float) else v) for k, v in s.items()},  # + 0.0: no "-0"
            "target_greedy_95": g["greedy_equal_fraction"] >= 0.95, "wall_s": round(time.perf_counter() - t0, 1),
            "command": "python bench/fastgen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     results = common.RESULTS / f"{NAME}.json"
     table = merge_rows(results, [row], ("device", "model", "dtype", "lora_r", "engine_mode"))
-    cols = ["device", "model", "dtype", "lora_r", "engine_mode", "greedy_equal_fraction", "greedy_rows_identical",
-            "greedy_rows", "first_divergence_median", "divergence_logit_gap_max",
-            "control_static_cache_equal_fraction", "kl_mean", "kl_p99", "kl_max", "abs_log_ratio_mean",
-            "target_greedy_95"]
-    notes = ("`bench/fastgen_fidelity.py`: fastgen against transformers' generate (greedy, every position) and "
-             "against the training model's teacher-forced distribution (sampled, per-token KL at the sampling "
-             "temperature), on a real pretrained model with a non-zero LoRA adapter. Target: greedy tokens equal "
-             "on >= 95 % of positions. The module docstring says what a KL does to GRPO's update.")
-    common.write_results(NAME, common.header(), table, cols, notes)
+    common.write_results(NAME, common.header(), table, COLUMNS, NOTES)
     return 0
 
 

