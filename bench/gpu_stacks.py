@@ -7,6 +7,11 @@ Device side (PYTHONPATH=/tmp/site-STACK:src), each step writes $OUT/gpu_stacks/<
     python3 bench/gpu_stacks.py model                               build the random Qwen3-4B-shaped model once
     python3 bench/gpu_stacks.py train --stack portable [--steps 10] rlstack train (the stack's default path)
     python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-portable --backend vllm
+  the hand-off on one base with an adapter that does something (a real model: the embedded one, its folder built
+  by bench/fastgen_fidelity_device.sh, RLSTACK_MODEL_CACHE pointing at it in both stacks):
+    python3 bench/gpu_stacks.py train --stack portable --model embedded:smollm2-135m --name gpu-emb
+    python3 bench/gpu_stacks.py eval --stack portable --adapter gpu-emb --backend hf --unquantized
+    python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-emb --backend vllm
 A run longer than one device call (a cold fp8 train: ~600 s) goes through `bash bench/native_probe.sh bg STACK
 bench/gpu_stacks.py ...`, then `... wait STACK` calls back to back until it ends.
 Host side:
@@ -132,19 +137,20 @@ def cmd_model(_: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    name = f"gpu-{a.stack}"
-    argv = ["train", "--recipe", RECIPE, "--model", str(MODEL_DIR), "--data", TRAIN_DATA, "--max-steps",
+    name = a.name or f"gpu-{a.stack}"
+    argv = ["train", "--recipe", RECIPE, "--model", a.model, "--data", TRAIN_DATA, "--max-steps",
             str(a.steps), "--adapter-name", name, "--adapters-root", str(ADAPTERS), "--output", str(RUNS / name),
             "--overwrite", "--set", "grpo.save_steps=1000"]
     for item in a.set or []:
         argv += ["--set", item]
     if a.stack in FP8_STACKS:
         argv.append("--fp8")
-    run = run_cli(argv, log_dir() / f"{a.stack}-train.log", a.timeout)
+    tag = a.stack if name == f"gpu-{a.stack}" else f"{a.stack}-{name}"  # the default run keeps its file names
+    run = run_cli(argv, log_dir() / f"{tag}-train.log", a.timeout)
     rows = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines() if line.strip()] \
         if (RUNS / name / "metrics.jsonl").exists() else []
     record: dict[str, Any] = {**common.header(), **environment(a.stack), "step": "train", "run": run,
-                              "metrics": rows, "adapter": name}
+                              "metrics": rows, "adapter": name, "model": a.model}
     verify = run_cli(["adapters", "--root", str(ADAPTERS), "--verify", "--json"],
                      log_dir() / f"{a.stack}-adapters.log", 120)
     record["verify"] = {"rc": verify["rc"]}
@@ -156,18 +162,21 @@ def cmd_train(a: argparse.Namespace) -> int:
         from rlstack.core.fileio import sha256_file
 
         record["adapter_sha256"] = sha256_file(weights)
-    (out_dir() / f"{a.stack}-train.json").write_text(json.dumps(record, indent=2, default=str))
+    (out_dir() / f"{tag}-train.json").write_text(json.dumps(record, indent=2, default=str))
     print(json.dumps({k: record.get(k) for k in ("adapter_sha256",)} | {"rc": run["rc"], "steps": len(rows)}))
     return run["rc"]
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    tag = f"{a.stack}-{a.adapter}-{a.backend}" + ("-fastgen" if a.fastgen else "") + (f"-n{a.n}" if a.n != 32 else "")
+    tag = (f"{a.stack}-{a.adapter}-{a.backend}" + ("-fastgen" if a.fastgen else "")
+           + ("-unquantized" if a.unquantized else "") + (f"-n{a.n}" if a.n != 32 else ""))
     out = EVALS / tag
     argv = ["eval", "--adapter", str(ADAPTERS / a.adapter), "--backend", a.backend, "-n", str(a.n), "--data",
             a.data, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
     if a.fastgen:
         argv.append("--fastgen")
+    if a.unquantized:
+        argv.append("--unquantized")
     run = run_cli(argv, log_dir() / f"{tag}-eval.log", a.timeout)
     record: dict[str, Any] = {**common.header(), **environment(a.stack), "step": "eval", "tag": tag,
                               "adapter": a.adapter, "backend": a.backend, "run": run}
@@ -247,6 +256,18 @@ def handoff(a: Path, b: Path) -> dict[str, Any]:
             "first_divergence_words": prefixes[:16]}
 
 
+def compare(base: Path, other: Path) -> dict[str, Any]:
+    """`rlstack compare` of two evaluations' results (the real command), paired question by question."""
+    src = str(Path(__file__).resolve().parents[1] / "src")  # rlstack itself, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-m", "rlstack.cli", "compare", str(base), str(other), "--json"],
+                          capture_output=True, text=True, check=False, env=env)
+    if proc.returncode == 0:
+        out: dict[str, Any] = json.loads(proc.stdout)
+        return out
+    return {"rc": proc.returncode, "error": proc.stderr[-800:]}
+
+
 def cmd_summarize(a: argparse.Namespace) -> int:
     """Merge the device steps' JSON into bench/results/gpu_stacks.{json,md}; --note says what a run's numbers
     cannot (a failure's wall, what was not run)."""
@@ -255,7 +276,9 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         for p in sorted(Path(d).rglob("*.json")):
             if p.name.endswith(("-train.json", "-eval.json")):
                 records.append(json.loads(p.read_text()))
-    trains = {r["stack"]: r for r in records if r.get("step") == "train"}
+    # the table: each stack's default run (the 4B shape, adapter gpu-STACK); other runs feed the hand-offs only
+    trains = {r["stack"]: r for r in records
+              if r.get("step") == "train" and r.get("adapter", f"gpu-{r['stack']}") == f"gpu-{r['stack']}"}
     evals = [r for r in records if r.get("step") == "eval"]
     table = [train_row(r) for r in trains.values()]
     for row in table:
@@ -288,19 +311,23 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         data["fp8_step_speedup_vs_portable"] = round(
             t["portable"]["s_per_step_median"] / t["fp8"]["s_per_step_median"], 3)
     gens = {p.name.removesuffix("-generations.jsonl"): p for d in a.dirs for p in Path(d).rglob("*-generations.jsonl")}
+    res = {p.name.removesuffix("-results.json"): p for d in a.dirs for p in Path(d).rglob("*-results.json")}
     hf, vl = gens.get("portable-gpu-portable-hf"), gens.get("fp8-gpu-portable-vllm")
     if hf and vl:
         data["handoff"] = handoff(hf, vl)
-    res = {p.name.removesuffix("-results.json"): p for d in a.dirs for p in Path(d).rglob("*-results.json")}
     rh, rv = res.get("portable-gpu-portable-hf"), res.get("fp8-gpu-portable-vllm")
     if rh and rv:
-        # the same adapter in two engines, paired question by question by the real command ("base" = portable hf)
-        src = str(Path(__file__).resolve().parents[1] / "src")  # rlstack itself, installed or not
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-        proc = subprocess.run([sys.executable, "-m", "rlstack.cli", "compare", str(rh), str(rv), "--json"],
-                              capture_output=True, text=True, check=False, env=env)
-        data["handoff_compare"] = json.loads(proc.stdout) if proc.returncode == 0 else {
-            "rc": proc.returncode, "error": proc.stderr[-800:]}
+        data["handoff_compare"] = compare(rh, rv)
+    # like for like: an adapter evaluated by portable on the unquantized base and by fp8's vLLM (bf16 + LoRARequest)
+    suffix = "-hf-unquantized"
+    for tag in sorted(t for t in gens if t.startswith("portable-") and t.endswith(suffix)):
+        adapter = tag.removeprefix("portable-").removesuffix(suffix)
+        other = f"fp8-{adapter}-vllm"
+        if other in gens:
+            pair = handoff(gens[tag], gens[other])
+            if tag in res and other in res:
+                pair["compare"] = compare(res[tag], res[other])
+            data.setdefault("handoffs_unquantized", {})[adapter] = pair
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
             "rollout_tokens_per_s", "steps_with_signal", "grad_norm_max", "peak_gib", "adapter_verified",
             "eval_backend", "eval_accuracy", "environment"]
@@ -320,6 +347,10 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         notes += (f"\n\nHand-off (the portable adapter, portable `--backend hf` vs fp8 `--backend vllm`): "
                   f"{h['identical']} of {h['paired']} generations identical, median common prefix "
                   f"{h['median_common_prefix_words']} words.")
+    for adapter, h in (data.get("handoffs_unquantized") or {}).items():
+        notes += (f"\n\nHand-off on one base ({adapter}: portable `--backend hf --unquantized` vs fp8 "
+                  f"`--backend vllm`, both bf16 + the adapter): {h['identical']} of {h['paired']} generations "
+                  f"identical, median common prefix {h['median_common_prefix_words']} words.")
     if a.note:
         notes += "\n\n" + "\n\n".join(a.note)
         data["notes"] = a.note
@@ -334,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train")
     t.add_argument("--stack", required=True)
     t.add_argument("--steps", type=int, default=10)
+    t.add_argument("--model", default=str(MODEL_DIR),
+                   help="base model: the 4B-shaped random one (default), or e.g. embedded:smollm2-135m (a real "
+                        "model: its adapter learns, so a hand-off compares an adapter that does something)")
+    t.add_argument("--name", help="adapter name (default gpu-STACK, the table's run)")
     t.add_argument("--set", action="append", help="extra recipe override KEY=VALUE (recorded in the argv)")
     t.add_argument("--timeout", type=int, default=1500, help="seconds; a cold fp8 run takes ~600 (bg mode)")
     e = sub.add_parser("eval")
@@ -343,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("-n", type=int, default=32)
     e.add_argument("--data", default=EVAL_DATA, help="e.g. generated:300 for issue 14's eval throughput at n=300")
     e.add_argument("--fastgen", action="store_true", help="rlstack eval --fastgen (hf backend)")
+    e.add_argument("--unquantized", action="store_true",
+                   help="rlstack eval --unquantized: the bf16 base vLLM's LoRARequest runs (hand-off like for like)")
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--timeout", type=int, default=900)
     s = sub.add_parser("summarize")

@@ -53,6 +53,27 @@ def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch:
     assert (plain.n, plain.data, plain.split, plain.backend) == (300, "gsm8k", "test", "hf")
 
 
+def test_eval_unquantized_overrides_the_adapter_recipe_quantization(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter trained on a 4-bit (or FP8) base is evaluated on that base by default; --unquantized loads it
+    as stored, the base vLLM's LoRARequest path runs, so a hand-off compares engines on one base."""
+    from rlstack.core.errors import RlstackError
+
+    monkeypatch.setenv("RLSTACK_ADAPTERS", str(tmp_path))
+    recipe = recipes.load("smoke-cpu").model_dump(mode="json")
+    recipe["model"].update(load_in_4bit=True, load_in_fp8=True)
+    adapters.write_adapter(tmp_path, "q", lambda d: (d / "w").write_text("x"), base_model="b", recipe=recipe,
+                           stack="cpu", lock_hash=None)
+    default = commands.eval_config(adapter="q")
+    assert (default.load_in_4bit, default.load_in_fp8) == (True, True)
+    plain = commands.eval_config(adapter="q", unquantized=True)
+    assert (plain.load_in_4bit, plain.load_in_fp8) == (False, False)
+    with pytest.raises(RlstackError, match="contradict"):
+        commands.eval_config(adapter="q", unquantized=True, load_in_4bit=True)
+    parsed = build_parser().parse_args(["eval", "--adapter", "q", "--unquantized"])
+    assert parsed.unquantized is True
+
+
 def test_fp8_unavailable_points_to_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loading, "has", lambda m: m == "torch")
     monkeypatch.setattr(loading, "cuda_available", lambda: False)

@@ -91,8 +91,14 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
         data = adapters.read_manifest(adapters.find_adapter(adapter)).recipe
     section = dict(data.get("eval") or {})
     model = data.get("model") or {}
-    cfg = EvalConfig(load_in_4bit=bool(flags.get("load_in_4bit")) or bool(model.get("load_in_4bit")),
-                     load_in_fp8=bool(model.get("load_in_fp8")),
+    if flags.get("unquantized") and flags.get("load_in_4bit"):
+        raise RlstackError("--unquantized and --load-in-4bit contradict each other",
+                           "pass one: --unquantized loads the base as its checkpoint stores it, --load-in-4bit in NF4")
+    # --unquantized: the same base an engine that ignores the recipe's quantization runs (vLLM's bf16 +
+    # LoRARequest), so two engines' generations compare token for token on one base, not NF4 against bf16
+    quantize = not flags.get("unquantized")
+    cfg = EvalConfig(load_in_4bit=bool(flags.get("load_in_4bit")) or (quantize and bool(model.get("load_in_4bit"))),
+                     load_in_fp8=quantize and bool(model.get("load_in_fp8")),
                      chat_template_kwargs=dict((data.get("prompt") or {}).get("chat_template_kwargs") or {}),
                      tiny=model.get("tiny"), adapter=adapter)
     for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend"):
@@ -119,6 +125,9 @@ def eval_(
     max_new_tokens: Annotated[int | None, Opt("generation length limit")] = None,
     seed: Annotated[int | None, Opt("seed (decoding is greedy; the seed fixes anything random)")] = None,
     load_in_4bit: Annotated[bool, Opt("load the base in 4-bit (bitsandbytes, GPU)")] = False,
+    unquantized: Annotated[bool, Opt("load the base as its checkpoint stores it (bf16), even where the adapter's "
+                                     "recipe loads it in 4-bit or FP8: the base vLLM's bf16 + LoRARequest runs, "
+                                     "to compare two engines on one base")] = False,
     fastgen: Annotated[bool, Opt("hf backend: greedy decoding through rlstack's fastgen (static cache, LoRA merged, "
                                  "CUDA graphs) instead of transformers' generate; same tokens, falls back once "
                                  "on failure")] = False,
@@ -132,7 +141,7 @@ def eval_(
 
     cfg = eval_config(recipe=recipe, adapter=adapter, model=model, backend=backend, n=n, data=data, split=split,
                       batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, load_in_4bit=load_in_4bit,
-                      fastgen=fastgen, output=output)
+                      unquantized=unquantized, fastgen=fastgen, output=output)
     if cfg.fastgen and cfg.backend != "hf":
         raise RlstackError(f"--fastgen is for the hf backend, not {cfg.backend}",
                            "drop --fastgen (vLLM has its own fast decoding), or use --backend hf")
