@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     row = {"device": device, "model": a.model, "dtype": a.dtype, "lora_r": a.lora_r,
            "versions": f"torch {torch.__version__}, transformers {transformers.__version__} on {where}",
            "engine_mode": " ".join([f"compile={engine.compile} graph={engine.graph}",
-                                    *(f"{k}={v}" for k, v in sorted(options.items()) if k != "compile")]),
+                                    *(f"{k}={v}" for k, v in sorted(options.items())
+                                      if k not in ("compile", "graph"))]),
            "prompts": a.n,
            "new_tokens": a.new_tokens, "temperature": a.temperature, "top_k": a.top_k, **g,
            **{k: (round(v, 6) + 0.0 if isinstance(v, float) else v) for k, v in s.items()},  # + 0.0: no "-0"
