@@ -294,20 +294,18 @@ def run_probe(name: str, *, fp8: bool = False) -> ProbeResult:
         log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         log, rc = log + f"\ntimed out after {TIMEOUTS[name]}s", -1
     _keep_log(name, log)
+    from rlstack.probes import signatures
+
     result = next((json.loads(ln[len(MARK):]) for ln in reversed(log.splitlines()) if ln.startswith(MARK)), None)
     cmd_s = " ".join(cmd)
     if result is not None and rc == 0:
         ev = [Evidence(text=json.dumps(result["facts"])[:1500], command=cmd_s)]
         if result["status"] == "fail":
             ev.append(Evidence(text=log[-3000:]))
-        from rlstack.probes import signatures
-
         wall = result["facts"].get("wall") if result["status"] == "fail" else None
         sig = signatures.by_id(wall) if wall else None
         return ProbeResult(id=pid, layer="runtime", status=result["status"], reason=result["reason"], evidence=ev,
                            signature=sig.id if sig else None, fix=sig.fix if sig else None)
-    from rlstack.probes import signatures
-
     hits = signatures.diagnose(log)
     tail = "\n".join(log.strip().splitlines()[-25:])
     excerpt = [Evidence(text=m.excerpt) for m in hits[:3]]
