@@ -45,6 +45,39 @@ def test_trainer_config_keeps_the_recipes_checkpointing_and_exports_precision(
     assert os.environ["ACCELERATE_MIXED_PRECISION"] == "no"  # the CPU trains in float32
 
 
+def test_the_recipes_loss_options_survive_a_config_that_overrides_them(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Any,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Unsloth's GRPOConfig sets mask_truncated_completions=True and epsilon_high=0.28 for loss_type dapo whatever
+    it is given; rlstack sets the recipe's back and says so. A config that keeps them is left alone, silently."""
+    trl = pytest.importorskip("trl")
+    import dataclasses
+
+    from rlstack.payload.recipes import load
+    from rlstack.payload.train.grpo import grpo_config
+
+    @dataclasses.dataclass
+    class ForcingConfig(trl.GRPOConfig):  # type: ignore[misc]
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.loss_type == "dapo":
+                self.mask_truncated_completions, self.epsilon_high = True, 0.28
+
+    monkeypatch.setattr(trl, "GRPOConfig", ForcingConfig)
+    smoke = load("smoke-cpu")
+    config = grpo_config(smoke, tmp_path, use_vllm=False, dtype_name="float32")
+    assert config.mask_truncated_completions is False and config.epsilon_high is None
+    said = capsys.readouterr().err
+    assert "mask_truncated_completions True -> False" in said and "epsilon_high 0.28 -> None" in said
+    report = load("gsm8k-grpo")  # DAPO's two, explicit in the report's recipe: nothing to set back
+    config = grpo_config(report, tmp_path, use_vllm=False, dtype_name="float32")
+    assert config.mask_truncated_completions is True and config.epsilon_high == 0.28
+    assert "kept over" not in capsys.readouterr().err
+    monkeypatch.undo()
+    plain = grpo_config(smoke, tmp_path, use_vllm=False, dtype_name="float32")  # TRL's own: the same values
+    assert plain.mask_truncated_completions is False and plain.epsilon_high in (None, plain.epsilon)
+
+
 class _StructuredOutputsParams:
     def __init__(self, regex: str | None = None) -> None:
         self.regex = regex

@@ -260,3 +260,74 @@ def test_grpo_step_gradient_verdict(tmp_path: Path, rows: list[dict[str, float]]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got, said = runtime.gradient_verdict(path)
     assert got == verdict and said
+
+
+def test_a_step_masked_out_of_the_loss_is_not_a_broken_backward(tmp_path: Path) -> None:
+    """The fp8 grpo-step on an H200 (2026-12-04): rewards differed, grad norm 0, and every completion was cut and
+    masked out (the run's recipe.json says masking was on). That shows nothing about the backward pass; with
+    masking off, the same zero is a failure, and its reason says the completions were in the loss."""
+    path = tmp_path / "metrics.jsonl"
+    row = {"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "completion_clipped_ratio": 1.0}
+    path.write_text(json.dumps(row) + "\n")
+    (tmp_path / "recipe.json").write_text(json.dumps({"grpo": {"mask_truncated_completions": True}}))
+    got, said = runtime.gradient_verdict(path)
+    assert got == "unshown" and "mask_truncated_completions" in said
+    (tmp_path / "recipe.json").write_text(json.dumps({"grpo": {"mask_truncated_completions": False}}))
+    got, said = runtime.gradient_verdict(path)
+    assert got == "fail" and "mask_truncated_completions false" in said
+    from rlstack.probes import signatures
+
+    assert not signatures.diagnose(f"the backward pass did not reach the LoRA weights ({said})")  # not the old wall
+
+
+def test_a_probe_out_of_time_is_undecided_with_its_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A probe body that outlives its limit (a cold machine's compiles: the fp8 grpo-step on an H200 ran past
+    570 s cold, 258 s warm) says nothing about the stack: undecided, never a pass and never a wall, and the
+    output it had written is kept."""
+    import subprocess
+
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_LOGDIR", str(tmp_path))
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"Capturing CUDA graphs 49%\n", stderr=None)
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    res = runtime.run_probe("vllm-lora")
+    assert res.status == "skip" and res.undecided and res.signature is None
+    assert "timed out after 600 s" in res.reason and "Capturing CUDA graphs" in res.evidence[0].text
+    assert "Capturing CUDA graphs" in (tmp_path / "vllm-lora.log").read_text()
+
+
+def test_grpo_step_train_out_of_time_is_undecided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The train inside grpo-step running out of its time: the body says undecided (it used to die with a
+    TimeoutExpired traceback, which the report showed as a bare 'exited 1' failure), keeps the train log, and the
+    parent carries the undecided flag into the result."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_FP8", "1")
+    monkeypatch.setenv("RLSTACK_PROBE_LOGDIR", str(tmp_path))
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="vLLM init\n", stderr="step 1 compiling\n")
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    runtime.body_grpo_step()
+    got = _emitted(capsys)
+    facts = dict(got["facts"])  # type: ignore[call-overload]
+    assert got["status"] == "skip" and facts["undecided"] is True and facts["timeout_s"] == 1170
+    assert "did not finish in 1170 s" in str(got["reason"]) and "--fp8" in str(got["reason"])
+    assert "step 1 compiling" in (tmp_path / "grpo-step-train.log").read_text()
+
+    line = runtime.MARK + json.dumps(got)
+    monkeypatch.setattr(runtime.subprocess, "run",
+                        lambda cmd, **kw: real_run([sys.executable, "-c", f"print({line!r})"], **kw))
+    monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
+    res = runtime.run_probe("grpo-step")
+    assert res.status == "skip" and res.undecided and "did not finish" in res.reason

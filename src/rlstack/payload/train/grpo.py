@@ -18,7 +18,7 @@ from typing import Any
 
 from rlstack.core.errors import RlstackError
 from rlstack.payload import adapters, prompt, tokenizer_files
-from rlstack.payload.recipes import Recipe
+from rlstack.payload.recipes import GrpoSpec, Recipe
 from rlstack.payload.train import checkpoints, metrics, ranks
 
 
@@ -89,7 +89,7 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
     patch_trl_availability_flags()
     from trl import GRPOConfig
 
-    return GRPOConfig(
+    config = GRPOConfig(
         output_dir=str(output_dir),
         use_vllm=use_vllm or g.vllm_mode != "off",
         **vllm,
@@ -104,6 +104,8 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         top_p=g.top_p,
         beta=g.beta,
         loss_type=g.loss_type,
+        mask_truncated_completions=g.mask_truncated_completions,
+        epsilon_high=g.epsilon_high,
         scale_rewards=g.scale_rewards,
         weight_decay=g.weight_decay,
         warmup_steps=int(g.warmup_ratio * g.max_steps),
@@ -133,6 +135,30 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         use_cpu=not on_gpu,
         ddp_find_unused_parameters=False,  # every LoRA weight takes part in each forward: skip DDP's extra search
     )
+    keep_recipe_loss_options(config, g)
+    return config
+
+
+def keep_recipe_loss_options(config: Any, g: GrpoSpec) -> list[str]:
+    """Set back what a patched GRPOConfig changed of the recipe's loss options, saying so once each.
+
+    Unsloth's generated GRPOConfig (unsloth 2026.6.1 and 2026.10.6, `elif loss_type.lower() == 'dapo'` in its
+    __init__) sets mask_truncated_completions=True and epsilon_high=0.28 whatever was passed: the same recipe
+    trained with a different loss under Unsloth than under transformers, and a run whose completions all reached
+    max_completion_length had an empty loss (zero gradient) with nothing said. TRL reads both from the config
+    when the trainer is built, after this."""
+    changed = []
+    for field, want in (("mask_truncated_completions", g.mask_truncated_completions),
+                        ("epsilon_high", g.epsilon_high)):
+        got = getattr(config, field, want)
+        if got != want:
+            setattr(config, field, want)
+            changed.append(f"{field} {got!r} -> {want!r}")
+    if changed:
+        print(f"rlstack train: the recipe's loss options kept over the trainer config's ({'; '.join(changed)}; "
+              "set grpo.mask_truncated_completions / grpo.epsilon_high in the recipe to change them)",
+              file=sys.stderr)
+    return changed
 
 
 def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
@@ -213,7 +239,8 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = trainer_config(recipe, loaded, run_dir / "checkpoints")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
-    callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step)
+    callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step,
+                                     mask_truncated=recipe.grpo.mask_truncated_completions)
     if checkpoint is not None:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         if main:
@@ -272,7 +299,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     rows = metrics.read_rows(metrics_path)
     png = metrics.plot_rewards(metrics_path, run_dir / "reward_curve.png", list(recipe.rewards),
                                f"{recipe.name}: {loaded.base_model}")
-    summary = metrics.summarize(rows, list(recipe.rewards))
+    summary = metrics.summarize(rows, list(recipe.rewards), mask_truncated=recipe.grpo.mask_truncated_completions)
     summary["loader"] = loaded.loader
     summary["device"] = loaded.device
     summary["train_wall_s"] = round(time.perf_counter() - t0, 2)

@@ -44,8 +44,11 @@ def truncate_after(path: Path, step: int) -> int:
     return len(rows)
 
 
-def make_callback(path: Path, reward_names: list[str], completions_per_step: int) -> Any:
-    """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily)."""
+def make_callback(path: Path, reward_names: list[str], completions_per_step: int, *,
+                  mask_truncated: bool = False) -> Any:
+    """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily).
+    `mask_truncated`: the loss drops truncated completions, so a step where all were truncated says it learned
+    nothing (seen on an H200: a one-step probe's 16-token completions, all cut, gave loss 0 and grad norm 0)."""
     from transformers import TrainerCallback
 
     class MetricsCallback(TrainerCallback):
@@ -91,6 +94,9 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                 parts.append(f"kl {row['kl']:.4f}")
             if "step_time_s" in row:
                 parts.append(f"{row['step_time_s']:.2f}s/step")
+            if masked_out(row, mask_truncated):
+                parts.append(f"every completion reached max_completion_length ({args.max_completion_length}) and "
+                             "grpo.mask_truncated_completions dropped it from the loss: nothing learned this step")
             print("rlstack train: " + " | ".join(parts), file=sys.stderr, flush=True)
 
     return MetricsCallback()
@@ -150,8 +156,10 @@ def reward_figure(rows: list[dict[str, Any]], reward_names: list[str], title: st
     return fig
 
 
-def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5) -> dict[str, Any]:
-    """First/last rewards (each a mean over `window` steps, so one lucky batch does not decide) and timings."""
+def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5, *,
+              mask_truncated: bool = False) -> dict[str, Any]:
+    """First/last rewards (each a mean over `window` steps, so one lucky batch does not decide) and timings; the
+    steps that could not learn (every group tied, or every completion masked out of the loss)."""
     if not rows:
         return {}
     w = max(1, min(window, len(rows) // 2 or 1))
@@ -170,7 +178,18 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
     logged = [tied(r) for r in rows if tied(r) is not None]
     if logged:
         out["steps_without_signal"] = sum(logged)
+    masked = [masked_out(r, mask_truncated) for r in rows if masked_out(r, mask_truncated) is not None]
+    if masked:
+        out["steps_masked_out"] = sum(masked)
     return out
+
+
+def masked_out(row: dict[str, Any], mask_truncated: bool) -> bool | None:
+    """Whether a step's loss was empty because every completion was truncated and the loss drops truncated ones
+    (mask_truncated_completions): its loss and gradients are then exactly 0 whatever the rewards. None where
+    the trainer did not log the clipped ratio."""
+    ratio = row.get("completion_clipped_ratio")
+    return None if ratio is None else bool(mask_truncated and float(ratio) >= 1.0)
 
 
 def tied(row: dict[str, Any]) -> bool | None:
@@ -184,6 +203,11 @@ def no_signal_warning(summary: dict[str, Any], reward_names: list[str]) -> str |
     """What to say when no step of a run could learn: every group's completions got equal rewards, so the adapter
     is the one it started as. None when some step had a signal, or the trainer did not log it."""
     steps, without = summary.get("steps"), summary.get("steps_without_signal")
+    if steps and summary.get("steps_masked_out") == steps:
+        return (f"nothing learned in any of {steps} steps: every completion reached grpo.max_completion_length and "
+                "grpo.mask_truncated_completions dropped it from the loss, so the loss and gradients were 0 and "
+                "the adapter did not change. Next: a longer grpo.max_completion_length, a prompt that asks for a "
+                "short answer, or grpo.mask_truncated_completions=false")
     if not steps or without != steps:
         return None
     reward = summary.get("reward_last")
