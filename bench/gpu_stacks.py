@@ -204,8 +204,19 @@ def _per_s(count: Any, seconds: Any) -> float | None:
     return round(count / seconds, 3) if count and seconds else None
 
 
+def masking(manifest: dict[str, Any]) -> bool:
+    """Whether the run's loss dropped truncated completions. A recipe written before
+    grpo.mask_truncated_completions existed does not say; under Unsloth with loss_type dapo it was on, because
+    Unsloth's GRPOConfig forced it (signatures.yaml: unsloth-dapo-masks-truncated)."""
+    grpo = (manifest.get("recipe") or {}).get("grpo") or {}
+    if "mask_truncated_completions" in grpo:
+        return bool(grpo["mask_truncated_completions"])
+    loader = str((manifest.get("metrics") or {}).get("loader") or "")
+    return loader.startswith("unsloth") and grpo.get("loss_type") == "dapo"
+
+
 def train_row(rec: dict[str, Any]) -> dict[str, Any]:
-    from rlstack.payload.train.metrics import tied
+    from rlstack.payload.train.metrics import masked_out, tied
 
     rows = rec.get("metrics") or []
     times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
@@ -226,8 +237,10 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         "reward_first": rows[0].get("reward") if rows else None,
         "reward_last": rows[-1].get("reward") if rows else None,
         # whether the run could learn at all: a step where every group's rewards are equal has zero advantages,
-        # so its loss and gradients are exactly 0 (random weights score 0 on correctness and format)
-        "steps_with_signal": sum(1 for r in rows if tied(r) is not True),
+        # so its loss and gradients are exactly 0 (random weights score 0 on correctness and format); so has a
+        # step whose completions were all truncated when the loss drops truncated ones
+        "steps_with_signal": sum(1 for r in rows if tied(r) is not True and not masked_out(r, masking(man))),
+        "steps_masked_out": sum(1 for r in rows if masked_out(r, masking(man))),
         "grad_norm_max": max((r["grad_norm"] for r in rows if r.get("grad_norm") is not None), default=None),
     }
 
@@ -329,7 +342,7 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                 pair["compare"] = compare(res[tag], res[other])
             data.setdefault("handoffs_unquantized", {})[adapter] = pair
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
-            "rollout_tokens_per_s", "steps_with_signal", "grad_norm_max", "peak_gib", "adapter_verified",
+            "rollout_tokens_per_s", "steps_with_signal", "steps_masked_out", "grad_norm_max", "peak_gib", "adapter_verified",
             "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "

@@ -1,0 +1,43 @@
+"""bench/gpu_stacks.py's table: a step that could not learn is not counted as one with a learning signal."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def gpu_stacks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_gpu_stacks", BENCH / "gpu_stacks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_gpu_stacks", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"stack": "fp8", "lock_hash": "2ea309534e2f" * 2, "metrics": rows, "manifest": manifest,
+            "run": {"rc": 0, "wall_s": 1.0, "gpu_peak_gib": 1.0}}
+
+
+def test_masked_out_steps_have_no_signal(gpu_stacks: ModuleType) -> None:
+    """The 2026-12-03 runs' recipes predate grpo.mask_truncated_completions: under Unsloth with dapo the mask was
+    on (Unsloth forced it), so all-truncated steps count as masked out even where rewards differed."""
+    cut = {"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "completion_clipped_ratio": 1.0}
+    old_unsloth = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "unsloth-fp8"}}
+    row = gpu_stacks.train_row(_record(old_unsloth, [cut, {**cut, "step": 2, "completion_clipped_ratio": 0.5}]))
+    assert row["steps_masked_out"] == 1 and row["steps_with_signal"] == 1
+    old_transformers = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "transformers"}}
+    assert gpu_stacks.train_row(_record(old_transformers, [cut]))["steps_masked_out"] == 0
+    said_off = {"recipe": {"grpo": {"loss_type": "dapo", "mask_truncated_completions": False}},
+                "metrics": {"loader": "unsloth"}}
+    row = gpu_stacks.train_row(_record(said_off, [cut]))
+    assert row["steps_masked_out"] == 0 and row["steps_with_signal"] == 1
