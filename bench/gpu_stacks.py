@@ -342,8 +342,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                 pair["compare"] = compare(res[tag], res[other])
             data.setdefault("handoffs_unquantized", {})[adapter] = pair
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
-            "rollout_tokens_per_s", "steps_with_signal", "steps_masked_out", "grad_norm_max", "peak_gib", "adapter_verified",
-            "eval_backend", "eval_accuracy", "environment"]
+            "rollout_tokens_per_s", "steps_with_signal", "steps_masked_out", "grad_norm_max", "peak_gib",
+            "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
              "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")

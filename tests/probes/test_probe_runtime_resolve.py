@@ -331,3 +331,31 @@ def test_grpo_step_train_out_of_time_is_undecided(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(runtime, "has_gpu", lambda: (True, "test"))
     res = runtime.run_probe("grpo-step")
     assert res.status == "skip" and res.undecided and "did not finish" in res.reason
+
+
+def test_grpo_step_result_carries_the_steps_numbers(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The probe's run folder is deleted when it ends: the step's clipped ratio, grad norm and tie share go into
+    the result's facts, so a zero gradient can be read without a second GPU run."""
+    import subprocess
+
+    monkeypatch.setattr(runtime, "_cuda", lambda: None)
+    monkeypatch.setattr(runtime, "_have", lambda mod: True)
+    monkeypatch.setenv("RLSTACK_PROBE_FP8", "1")
+    monkeypatch.delenv("RLSTACK_PROBE_TRAIN_SET", raising=False)
+    said = "rlstack train: smoke-cpu: tiny-abc via unsloth-fp8 on cuda, 1 steps, 64 prompts -> /tmp/x\n"
+    row = {"step": 1, "reward": 0.06, "grad_norm": 0.42, "frac_reward_zero_std": 0.5,
+           "completion_clipped_ratio": 0.75, "kl": 0.0}
+
+    def fake_run(cmd, **kw):  # type: ignore[no-untyped-def]
+        run = Path(cmd[cmd.index("--output") + 1])
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        return subprocess.CompletedProcess(cmd, 0, "", said)
+
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    runtime.body_grpo_step()
+    got = _emitted(capsys)
+    step = dict(dict(got["facts"])["step"])  # type: ignore[call-overload]
+    assert got["status"] == "pass" and step["completion_clipped_ratio"] == 0.75 and step["grad_norm"] == 0.42
+    assert "kl" not in step

@@ -228,13 +228,20 @@ def body_grpo_step() -> None:
             return
         what = " (load_in_fp8 + fast_inference: vLLM rollouts with LoRA)" if fp8 else ""
         verdict, grads = gradient_verdict(Path(tmp) / "run" / "metrics.jsonl")
+        # the step's own numbers travel with the verdict: the run folder is gone when the probe ends, and on
+        # 2026-12-04 a rerun on the GPU was needed to learn the clipped ratio behind a zero gradient
+        from rlstack.payload.train.metrics import read_rows
+
+        last = (read_rows(Path(tmp) / "run" / "metrics.jsonl") or [{}])[-1]
+        step = {k: last[k] for k in ("reward", "grad_norm", "frac_reward_zero_std", "completion_clipped_ratio",
+                                     "completion_mean_length", "step_time_s") if k in last}
         if verdict == "fail":
             _emit("fail", f"rlstack train{flag} ({ran}) ran a step whose rewards differed within a group, yet the "
                   f"gradient norm was 0: the backward pass did not reach the LoRA weights ({grads})", loader=ran,
-                  fp8=fp8)
+                  fp8=fp8, step=step)
             return
         _emit("pass", f"one GRPO step through rlstack train{flag} (loader {ran}{what}; recipe smoke-cpu, "
-              f"max_steps=1); {grads}", loader=ran, fp8=fp8, gradient=verdict)
+              f"max_steps=1); {grads}", loader=ran, fp8=fp8, gradient=verdict, step=step)
 
 
 def gradient_verdict(metrics_path: Path) -> tuple[str, str]:
