@@ -4,6 +4,10 @@
 # $STASH while the machine stays warm.
 #   bash bench/native_probe.sh stash STACK          copy the carried .stage/STACK/{part-*,parts.json} to $STASH/STACK
 #   bash bench/native_probe.sh run STACK            install the parts (once), run the runtime layer, report to $OUT
+#                                                   (in one call: a cold fp8 machine needs longer, use probe)
+#   bash bench/native_probe.sh probe STACK [ARGS]   the same in the background (ARGS: e.g. --runtime-probes
+#                                                   grpo-step), then `wait STACK` calls bring the report and logs:
+#                                                   fp8's cold runtime layer took 845 s on 2026-12-04
 #   bash bench/native_probe.sh one STACK PROBE      one probe body alone (env passes through: controls, diagnosis)
 #   bash bench/native_probe.sh py STACK ARGS...     python3 ARGS with the stack's wheels first on the path
 #                                                   (e.g. bench/gpu_stacks.py train --stack STACK)
@@ -57,6 +61,10 @@ case "$cmd" in
     install
     export PYTHONPATH=$SITE:$PWD/src
     python3 "$@" ;;
+  probe)
+    # the runtime layer as a background job: the report and the packed probe logs land in its $OUT
+    exec bash "$0" bg "$stack" -m rlstack.cli probe --stack "$stack" --layer runtime "$@" \
+      -o "$STASH/bg-$stack/out/probe-$stack-native.json" ;;
   bg)
     # the machine stays warm only while calls keep coming: follow with `wait` calls back to back
     install
@@ -66,7 +74,11 @@ case "$cmd" in
     [ -f "$BG/rc" ] && [ ! -f "$BG/fetched" ] && ls "$BG/out" | grep -q . \
       && echo "note: the last background job's files were never fetched with wait; they are replaced now" >&2
     rm -rf "$BG"; mkdir -p "$BG/out"
-    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; echo $? > "$BG_DIR/rc.tmp" && mv "$BG_DIR/rc.tmp" "$BG_DIR/rc"' _ "$@" \
+    # the probe logs of this job (RLSTACK_PROBE_LOGDIR) are packed into its $OUT before the exit code is written
+    rm -rf "$LOGS"; mkdir -p "$LOGS"
+    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; rc=$?
+      [ -n "$(ls -A "$RLSTACK_PROBE_LOGDIR")" ] && tar -C "$RLSTACK_PROBE_LOGDIR" -czf "$OUT/logs.tgz" .
+      echo $rc > "$BG_DIR/rc.tmp" && mv "$BG_DIR/rc.tmp" "$BG_DIR/rc"' _ "$@" \
       > "$BG/log" 2>&1 < /dev/null &
     echo $! > "$BG/pid"
     echo "started in the background (pid $(cat "$BG/pid")): python3 $*; log $BG/log" ;;
