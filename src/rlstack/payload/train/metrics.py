@@ -178,7 +178,7 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
     logged = [tied(r) for r in rows if tied(r) is not None]
     if logged:
         out["steps_without_signal"] = sum(logged)
-    masked = [masked_out(r, mask_truncated) for r in rows if masked_out(r, mask_truncated) is not None]
+    masked = [m for m in (masked_out(r, mask_truncated) for r in rows) if m is not None]
     if masked:
         out["steps_masked_out"] = sum(masked)
     return out
