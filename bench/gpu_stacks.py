@@ -204,21 +204,28 @@ def _per_s(count: Any, seconds: Any) -> float | None:
     return round(count / seconds, 3) if count and seconds else None
 
 
-def masking(manifest: dict[str, Any]) -> bool:
-    """Whether the run's loss dropped truncated completions. A recipe written before
-    grpo.mask_truncated_completions existed does not say; under Unsloth with loss_type dapo it was on, because
-    Unsloth's GRPOConfig forced it (signatures.yaml: unsloth-dapo-masks-truncated)."""
-    grpo = (manifest.get("recipe") or {}).get("grpo") or {}
-    if "mask_truncated_completions" in grpo:
-        return bool(grpo["mask_truncated_completions"])
-    loader = str((manifest.get("metrics") or {}).get("loader") or "")
-    return loader.startswith("unsloth") and grpo.get("loss_type") == "dapo"
+def with_masking(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's metrics rows, each saying whether its loss dropped truncated completions. Rows written before
+    rlstack train recorded it (loss_masks_truncated) get it from the run: the recipe's masking, or, for a recipe
+    from before the option, what Unsloth's GRPOConfig forced for loss_type dapo; then whether the loss that ran
+    honours it (compat.truncation_mask_applies: unsloth_zoo 2026.6.1's does not, 2026.10.6's does)."""
+    from rlstack.payload.train.compat import truncation_mask_applies
+
+    man = rec.get("manifest") or {}
+    grpo = (man.get("recipe") or {}).get("grpo") or {}
+    loader = str((man.get("metrics") or {}).get("loader") or "")
+    asked = grpo["mask_truncated_completions"] if "mask_truncated_completions" in grpo \
+        else loader.startswith("unsloth") and grpo.get("loss_type") == "dapo"
+    zoo = ((rec.get("environment") or {}).get("versions") or {}).get("unsloth-zoo")
+    masks = truncation_mask_applies(bool(asked), loader, zoo)
+    return [r if "loss_masks_truncated" in r else {**r, "loss_masks_truncated": masks}
+            for r in rec.get("metrics") or []]
 
 
 def train_row(rec: dict[str, Any]) -> dict[str, Any]:
     from rlstack.payload.train.metrics import masked_out, tied
 
-    rows = rec.get("metrics") or []
+    rows = with_masking(rec)
     times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
     rollout = [r["completion_tokens_per_s"] for r in rows[1:] if r.get("completion_tokens_per_s") is not None]
     env = rec.get("environment") or {}
@@ -239,8 +246,8 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         # whether the run could learn at all: a step where every group's rewards are equal has zero advantages,
         # so its loss and gradients are exactly 0 (random weights score 0 on correctness and format); so has a
         # step whose completions were all truncated when the loss drops truncated ones
-        "steps_with_signal": sum(1 for r in rows if tied(r) is not True and not masked_out(r, masking(man))),
-        "steps_masked_out": sum(1 for r in rows if masked_out(r, masking(man))),
+        "steps_with_signal": sum(1 for r in rows if tied(r) is not True and not masked_out(r)),
+        "steps_masked_out": sum(1 for r in rows if masked_out(r)),
         "grad_norm_max": max((r["grad_norm"] for r in rows if r.get("grad_norm") is not None), default=None),
     }
 

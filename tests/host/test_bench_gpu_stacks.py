@@ -23,21 +23,22 @@ def gpu_stacks() -> ModuleType:
     return module
 
 
-def _record(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _record(manifest: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict[str, Any]:
     return {"stack": "fp8", "lock_hash": "2ea309534e2f" * 2, "metrics": rows, "manifest": manifest,
-            "run": {"rc": 0, "wall_s": 1.0, "gpu_peak_gib": 1.0}}
+            "environment": {"versions": {"unsloth-zoo": zoo}}, "run": {"rc": 0, "wall_s": 1.0, "gpu_peak_gib": 1.0}}
 
 
 def test_masked_out_steps_have_no_signal(gpu_stacks: ModuleType) -> None:
-    """The 2026-12-03 runs' recipes predate grpo.mask_truncated_completions: under Unsloth with dapo the mask was
-    on (Unsloth forced it), so all-truncated steps count as masked out even where rewards differed."""
+    """The 2026-12-03 runs' rows predate loss_masks_truncated and their recipes the option: under Unsloth with
+    dapo the mask was asked for (Unsloth forced it), and the loss honoured it at zoo 2026.10.6 (fp8), not at
+    2026.6.1 (portable, whose loss rebuilt the mask). Rows that say it are taken as they are."""
     cut = {"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "completion_clipped_ratio": 1.0}
-    old_unsloth = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "unsloth-fp8"}}
-    row = gpu_stacks.train_row(_record(old_unsloth, [cut, {**cut, "step": 2, "completion_clipped_ratio": 0.5}]))
+    old = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "unsloth-fp8"}}
+    row = gpu_stacks.train_row(_record(old, [cut, {**cut, "step": 2, "completion_clipped_ratio": 0.5}], "2026.10.6"))
     assert row["steps_masked_out"] == 1 and row["steps_with_signal"] == 1
+    portable = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "unsloth"}}
+    assert gpu_stacks.train_row(_record(portable, [cut], "2026.6.1"))["steps_masked_out"] == 0
     old_transformers = {"recipe": {"grpo": {"loss_type": "dapo"}}, "metrics": {"loader": "transformers"}}
-    assert gpu_stacks.train_row(_record(old_transformers, [cut]))["steps_masked_out"] == 0
-    said_off = {"recipe": {"grpo": {"loss_type": "dapo", "mask_truncated_completions": False}},
-                "metrics": {"loader": "unsloth"}}
-    row = gpu_stacks.train_row(_record(said_off, [cut]))
-    assert row["steps_masked_out"] == 0 and row["steps_with_signal"] == 1
+    assert gpu_stacks.train_row(_record(old_transformers, [cut], "2026.10.6"))["steps_masked_out"] == 0
+    said = gpu_stacks.train_row(_record(portable, [{**cut, "loss_masks_truncated": True}], "2026.6.1"))
+    assert said["steps_masked_out"] == 1 and said["steps_with_signal"] == 0

@@ -54,20 +54,21 @@ def test_no_signal_is_counted_and_said() -> None:
 
 
 def test_a_run_whose_completions_were_all_masked_out_says_so() -> None:
-    """The fp8 grpo-step on an H200 (2026-12-04): every 16-token completion cut, truncated completions masked out
-    of the loss (Unsloth forced it), grad norm 0 with rewards that differed. Counted per step and said at the end,
-    with what to do; not counted when masking is off (the completions are then in the loss)."""
-    cut = [{"step": i, "reward": 0.06, "frac_reward_zero_std": 0.5, "grad_norm": 0.0, "completion_clipped_ratio": 1.0}
-           for i in range(1, 4)]
-    s = metrics.summarize(cut, ["format"], mask_truncated=True)
+    """The fp8 grpo-step on an H200 (2026-12-04): every 16-token completion cut, and the loss (unsloth_zoo
+    2026.10.6 honouring Unsloth's forced DAPO masking) dropped them all: grad norm 0 with rewards that differed.
+    Each row says whether its loss masked truncated completions; counted per step and said at the end, with what
+    to do. Not counted where the loss kept them, nor for rows that do not say."""
+    cut = [{"step": i, "reward": 0.06, "frac_reward_zero_std": 0.5, "grad_norm": 0.0, "completion_clipped_ratio": 1.0,
+            "loss_masks_truncated": True} for i in range(1, 4)]
+    s = metrics.summarize(cut, ["format"])
     assert s["steps_masked_out"] == 3 and s["steps_without_signal"] == 0
     said = metrics.no_signal_warning(s, ["format"])
     assert said is not None and "mask_truncated_completions" in said and "max_completion_length" in said
-    off = metrics.summarize(cut, ["format"], mask_truncated=False)
-    assert off["steps_masked_out"] == 0 and metrics.no_signal_warning(off, ["format"]) is None
-    some = metrics.summarize([*cut[:2], {**cut[2], "completion_clipped_ratio": 0.75}], ["format"], mask_truncated=True)
+    kept = metrics.summarize([{**r, "loss_masks_truncated": False} for r in cut], ["format"])
+    assert kept["steps_masked_out"] == 0 and metrics.no_signal_warning(kept, ["format"]) is None
+    some = metrics.summarize([*cut[:2], {**cut[2], "completion_clipped_ratio": 0.75}], ["format"])
     assert some["steps_masked_out"] == 2 and metrics.no_signal_warning(some, ["format"]) is None
-    assert metrics.masked_out({"step": 1}, True) is None  # not logged: not claimed
+    assert metrics.masked_out({"step": 1, "completion_clipped_ratio": 1.0}) is None  # does not say: no claim
 
 
 def test_the_progress_line_names_a_masked_out_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +82,11 @@ def test_the_progress_line_names_a_masked_out_step(tmp_path: Path, capsys: pytes
     assert "every completion reached max_completion_length (16)" in capsys.readouterr().err
     cb.on_log(args, state, None, logs={"reward": 0.06, "completions/clipped_ratio": 0.5})
     assert "max_completion_length" not in capsys.readouterr().err
-    assert [r["completion_clipped_ratio"] for r in metrics.read_rows(tmp_path / "m.jsonl")] == [1.0, 0.5]
+    rows = metrics.read_rows(tmp_path / "m.jsonl")
+    assert [(r["completion_clipped_ratio"], r["loss_masks_truncated"]) for r in rows] == [(1.0, True), (0.5, True)]
+    quiet = metrics.make_callback(tmp_path / "q.jsonl", ["format"], 16, mask_truncated=False)
+    quiet.on_log(args, state, None, logs={"reward": 0.06, "completions/clipped_ratio": 1.0})
+    assert "max_completion_length" not in capsys.readouterr().err
 
 
 def test_plot_writes_png(tmp_path: Path) -> None:

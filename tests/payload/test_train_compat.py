@@ -78,6 +78,22 @@ def test_the_recipes_loss_options_survive_a_config_that_overrides_them(monkeypat
     assert plain.mask_truncated_completions is False and plain.epsilon_high in (None, plain.epsilon)
 
 
+@pytest.mark.parametrize(("mask", "loader", "zoo", "applies"), [
+    (True, "transformers", None, True),  # TRL's own loss honours it
+    (True, "unsloth", "2026.6.1", False),  # zoo 2026.6.1 rebuilds the completion mask from the ids
+    (True, "unsloth-fp8", "2026.10.6", True),  # zoo 2026.10.6 reapplies TRL's rows
+    (True, "unsloth", "2026.8.1", False),  # not read: no claim
+    (True, "unsloth", None, False),
+    (True, "unsloth", "not-a-version", False),
+    (False, "transformers", None, False),
+])
+def test_truncation_mask_applies_where_the_loss_honours_it(mask: bool, loader: str, zoo: str | None,
+                                                           applies: bool) -> None:
+    from rlstack.payload.train.compat import truncation_mask_applies
+
+    assert truncation_mask_applies(mask, loader, zoo) is applies
+
+
 class _StructuredOutputsParams:
     def __init__(self, regex: str | None = None) -> None:
         self.regex = regex

@@ -264,17 +264,17 @@ def test_grpo_step_gradient_verdict(tmp_path: Path, rows: list[dict[str, float]]
 
 def test_a_step_masked_out_of_the_loss_is_not_a_broken_backward(tmp_path: Path) -> None:
     """The fp8 grpo-step on an H200 (2026-12-04): rewards differed, grad norm 0, and every completion was cut and
-    masked out (the run's recipe.json says masking was on). That shows nothing about the backward pass; with
-    masking off, the same zero is a failure, and its reason says the completions were in the loss."""
+    dropped from the loss (the row says its loss masked truncated completions). That shows nothing about the
+    backward pass; where the loss kept them, the same zero is a failure, and its reason says so."""
     path = tmp_path / "metrics.jsonl"
-    row = {"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "completion_clipped_ratio": 1.0}
+    row = {"step": 1, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "completion_clipped_ratio": 1.0,
+           "loss_masks_truncated": True}
     path.write_text(json.dumps(row) + "\n")
-    (tmp_path / "recipe.json").write_text(json.dumps({"grpo": {"mask_truncated_completions": True}}))
     got, said = runtime.gradient_verdict(path)
-    assert got == "unshown" and "mask_truncated_completions" in said
-    (tmp_path / "recipe.json").write_text(json.dumps({"grpo": {"mask_truncated_completions": False}}))
+    assert got == "unshown" and "truncated" in said
+    path.write_text(json.dumps({**row, "loss_masks_truncated": False}) + "\n")
     got, said = runtime.gradient_verdict(path)
-    assert got == "fail" and "mask_truncated_completions false" in said
+    assert got == "fail" and "loss masks truncated False" in said
     from rlstack.probes import signatures
 
     assert not signatures.diagnose(f"the backward pass did not reach the LoRA weights ({said})")  # not the old wall

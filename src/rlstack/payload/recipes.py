@@ -119,9 +119,9 @@ class GrpoSpec(_Strict):
     top_p: float = Field(default=1.0, gt=0, le=1)
     beta: float = Field(default=0.0, ge=0, description="KL coefficient (TRL's default is 0.0)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    # Unsloth's GRPOConfig overwrites these two for loss_type 'dapo' whatever the caller passed (unsloth 2026.6.1 and
-    # 2026.10.6: mask on, epsilon_high 0.28), so one recipe trained differently under Unsloth than under
-    # transformers. rlstack sets them back to the recipe's after the config is built (train/grpo.py), on every loader.
+    # Unsloth's GRPOConfig sets these two for loss_type 'dapo' (mask on, epsilon_high 0.28: unsloth 2026.6.1 whatever
+    # the caller passed, 2026.10.6 where left unset), so one recipe trained differently under Unsloth than under
+    # transformers. rlstack sets them back to the recipe's after the config is built (train/compat.py), on every loader.
     mask_truncated_completions: bool = Field(
         default=False, description="drop completions cut at max_completion_length from the loss (DAPO's overlong "
         "filtering; TRL's default is off). With it on, a step whose completions all hit the limit has no loss "

@@ -234,7 +234,7 @@ def body_grpo_step() -> None:
 
         last = (read_rows(Path(tmp) / "run" / "metrics.jsonl") or [{}])[-1]
         step = {k: last[k] for k in ("reward", "grad_norm", "frac_reward_zero_std", "completion_clipped_ratio",
-                                     "completion_mean_length", "step_time_s") if k in last}
+                                     "loss_masks_truncated", "completion_mean_length", "step_time_s") if k in last}
         if verdict == "fail":
             _emit("fail", f"rlstack train{flag} ({ran}) ran a step whose rewards differed within a group, yet the "
                   f"gradient norm was 0: the backward pass did not reach the LoRA weights ({grads})", loader=ran,
@@ -258,16 +258,14 @@ def gradient_verdict(metrics_path: Path) -> tuple[str, str]:
         return "flows", f"grad norm {norm:.4g}: the gradient reached the LoRA weights"
     if all(tied(r) is True for r in rows):
         return "unshown", "gradient flow not shown (every group's rewards tied: zero advantages, grad norm 0)"
-    # the run's own recipe says whether truncated completions left the loss (rlstack train writes it beside)
-    recipe_file = metrics_path.parent / "recipe.json"
-    mask = bool(json.loads(recipe_file.read_text()).get("grpo", {}).get("mask_truncated_completions")) \
-        if recipe_file.exists() else False
-    if all(masked_out(r, mask) is True for r in rows):
-        return "unshown", ("gradient flow not shown (every completion was truncated and "
-                           "mask_truncated_completions dropped it from the loss: grad norm 0)")
-    clipped = rows[-1].get("completion_clipped_ratio")
-    return "fail", (f"grad norm 0 with frac_reward_zero_std {rows[-1].get('frac_reward_zero_std')}, completions in "
-                    f"the loss (clipped ratio {clipped}, mask_truncated_completions {str(mask).lower()})")
+    # each row says whether its loss dropped truncated completions (rlstack train records it)
+    if all(masked_out(r) is True for r in rows):
+        return "unshown", ("gradient flow not shown (every completion was truncated and the loss drops "
+                           "truncated completions: grad norm 0)")
+    last = rows[-1]
+    return "fail", (f"grad norm 0 with frac_reward_zero_std {last.get('frac_reward_zero_std')}, completions in "
+                    f"the loss (clipped ratio {last.get('completion_clipped_ratio')}, loss masks truncated "
+                    f"{last.get('loss_masks_truncated')})")
 
 
 BODIES: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {

@@ -68,6 +68,25 @@ yet seen).
     _tag_model_with_fp8_torchao_config(model, "row") (row: what load_in_fp8=True asks for). Remove when Unsloth
     tags local-folder FP8 loads itself.
 
+keep_recipe_loss_options() -- unsloth's generated GRPOConfig, loss_type "dapo" (unsloth 2026.6.1 and 2026.10.6).
+    Unsloth replaces trl.GRPOConfig with UnslothGRPOConfig (unsloth/models/rl.py, _patch_trl_rl_trainers_impl), whose
+    __init__ sets DAPO's mask_truncated_completions=True and epsilon_high=0.28 for an explicit loss_type "dapo": at
+    2026.6.1 whatever the caller passed (rl.py:1478-1486), at 2026.10.6 only where the caller left them unset (None;
+    rl.py:3281-3287). rlstack passed neither before 2026-12-04, so the same recipe trained with masking under Unsloth
+    and without under transformers; and where the loss honours the mask (truncation_mask_applies below), a step whose
+    completions were all cut had an empty loss (grad norm 0 though rewards differed: the fp8 grpo-step on an H200,
+    signature unsloth-dapo-masks-truncated). We pass the recipe's values and set them back after the config is built
+    (TRL reads both when the trainer is built: grpo_trainer.py:363, 393 in 0.24.0), saying so. Remove when no locked
+    unsloth overwrites an explicit value (2026.10.6 no longer does; 2026.6.1 in portable still does).
+
+truncation_mask_applies() -- unsloth_zoo 2026.6.1's GRPO loss + TRL's mask_truncated_completions.
+    Not a patch: whether the loss really drops truncated completions. TRL zeroes their rows of completion_mask
+    (grpo_trainer.py:1391-1395 in 0.24.0); zoo 2026.6.1's grpo_accumulated_loss rebuilds completion_mask from the
+    token ids (rl_replacements.py:857), which undoes that, so masking is a no-op on portable's Unsloth path; zoo
+    2026.10.6 keeps TRL's rows and reapplies them (rl_replacements.py:1590-1601, 2278-2279). rlstack train says
+    when a recipe's masking has no effect, and only claims a masked-out step where the loss honours the mask.
+    Releases between the two were not read: they are taken as not honouring it (no claim rather than a wrong one).
+
 rlstack.payload.serve (alias_get_open_port, the SamplingParams keywords, and the GuidedDecodingParams alias in
 the server's own processes) -- trl 0.24.0's `vllm-serve` script + vLLM 0.21.0. Symptoms: `cannot import name
 'get_open_port' from 'vllm.utils'` and `Unexpected keyword argument 'truncate_prompt_tokens'` on every
@@ -196,3 +215,51 @@ def export_mixed_precision(bf16: bool, fp16: bool) -> str:
     value = "bf16" if bf16 else "fp16" if fp16 else "no"
     os.environ["ACCELERATE_MIXED_PRECISION"] = value
     return value
+
+
+def keep_recipe_loss_options(config: Any, mask_truncated: bool, epsilon_high: float | None) -> list[str]:
+    """Set back what a patched GRPOConfig changed of the recipe's loss options, saying so once (module docstring:
+    Unsloth's config sets DAPO's values for loss_type "dapo"). Returns what was set back."""
+    import sys
+
+    changed = []
+    for field, want in (("mask_truncated_completions", mask_truncated), ("epsilon_high", epsilon_high)):
+        got = getattr(config, field, want)
+        if got != want:
+            setattr(config, field, want)
+            changed.append(f"{field} {got!r} -> {want!r}")
+    if changed:
+        print(f"rlstack train: the recipe's loss options kept over the trainer config's ({'; '.join(changed)}; "
+              "set grpo.mask_truncated_completions / grpo.epsilon_high in the recipe to change them)",
+              file=sys.stderr)
+    return changed
+
+
+# The first unsloth_zoo release read whose GRPO loss keeps TRL's truncated-row mask (module docstring).
+ZOO_HONOURS_TRUNCATION_MASK = "2026.10.6"
+
+
+def truncation_mask_applies(mask_truncated: bool, loader: str, zoo_version: str | None) -> bool:
+    """Whether the loss drops truncated completions: the recipe asks for it and the loss that runs honours it
+    (TRL's own does; under an Unsloth loader, unsloth_zoo's from ZOO_HONOURS_TRUNCATION_MASK). `zoo_version`:
+    the installed or recorded unsloth_zoo version (None: not known, so no claim)."""
+    if not mask_truncated:
+        return False
+    if not loader.startswith("unsloth"):
+        return True
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return zoo_version is not None and Version(zoo_version) >= Version(ZOO_HONOURS_TRUNCATION_MASK)
+    except InvalidVersion:
+        return False
+
+
+def installed_zoo_version() -> str | None:
+    """unsloth_zoo's version in this Python, or None."""
+    from importlib import metadata
+
+    for name in ("unsloth_zoo", "unsloth-zoo"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(name)
+    return None

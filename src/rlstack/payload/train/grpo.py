@@ -18,7 +18,7 @@ from typing import Any
 
 from rlstack.core.errors import RlstackError
 from rlstack.payload import adapters, prompt, tokenizer_files
-from rlstack.payload.recipes import GrpoSpec, Recipe
+from rlstack.payload.recipes import Recipe
 from rlstack.payload.train import checkpoints, metrics, ranks
 
 
@@ -135,30 +135,10 @@ def grpo_config(recipe: Recipe, output_dir: Path, *, use_vllm: bool, dtype_name:
         use_cpu=not on_gpu,
         ddp_find_unused_parameters=False,  # every LoRA weight takes part in each forward: skip DDP's extra search
     )
-    keep_recipe_loss_options(config, g)
+    from rlstack.payload.train.compat import keep_recipe_loss_options
+
+    keep_recipe_loss_options(config, g.mask_truncated_completions, g.epsilon_high)
     return config
-
-
-def keep_recipe_loss_options(config: Any, g: GrpoSpec) -> list[str]:
-    """Set back what a patched GRPOConfig changed of the recipe's loss options, saying so once each.
-
-    Unsloth's generated GRPOConfig (unsloth 2026.6.1 and 2026.10.6, `elif loss_type.lower() == 'dapo'` in its
-    __init__) sets mask_truncated_completions=True and epsilon_high=0.28 whatever was passed: the same recipe
-    trained with a different loss under Unsloth than under transformers, and a run whose completions all reached
-    max_completion_length had an empty loss (zero gradient) with nothing said. TRL reads both from the config
-    when the trainer is built, after this."""
-    changed = []
-    for field, want in (("mask_truncated_completions", g.mask_truncated_completions),
-                        ("epsilon_high", g.epsilon_high)):
-        got = getattr(config, field, want)
-        if got != want:
-            setattr(config, field, want)
-            changed.append(f"{field} {got!r} -> {want!r}")
-    if changed:
-        print(f"rlstack train: the recipe's loss options kept over the trainer config's ({'; '.join(changed)}; "
-              "set grpo.mask_truncated_completions / grpo.epsilon_high in the recipe to change them)",
-              file=sys.stderr)
-    return changed
 
 
 def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
@@ -239,8 +219,18 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = trainer_config(recipe, loaded, run_dir / "checkpoints")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
+    from rlstack.payload.train.compat import installed_zoo_version, truncation_mask_applies
+
+    # whether truncated completions really leave the loss (unsloth_zoo 2026.6.1's loss ignores the mask): each
+    # metrics row records it, so a step with an empty loss can be told from a broken backward pass
+    zoo = installed_zoo_version()
+    masks = truncation_mask_applies(recipe.grpo.mask_truncated_completions, loaded.loader, zoo)
+    if recipe.grpo.mask_truncated_completions and not masks:
+        print(f"rlstack train: grpo.mask_truncated_completions = true has no effect here: unsloth_zoo {zoo}'s GRPO "
+              "loss rebuilds the completion mask and keeps truncated completions (it honours the mask from "
+              "unsloth_zoo 2026.10.6)", file=sys.stderr)
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step,
-                                     mask_truncated=recipe.grpo.mask_truncated_completions)
+                                     mask_truncated=masks)
     if checkpoint is not None:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         if main:
@@ -299,7 +289,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     rows = metrics.read_rows(metrics_path)
     png = metrics.plot_rewards(metrics_path, run_dir / "reward_curve.png", list(recipe.rewards),
                                f"{recipe.name}: {loaded.base_model}")
-    summary = metrics.summarize(rows, list(recipe.rewards), mask_truncated=recipe.grpo.mask_truncated_completions)
+    summary = metrics.summarize(rows, list(recipe.rewards))
     summary["loader"] = loaded.loader
     summary["device"] = loaded.device
     summary["train_wall_s"] = round(time.perf_counter() - t0, 2)

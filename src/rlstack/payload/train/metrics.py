@@ -47,8 +47,9 @@ def truncate_after(path: Path, step: int) -> int:
 def make_callback(path: Path, reward_names: list[str], completions_per_step: int, *,
                   mask_truncated: bool = False) -> Any:
     """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily).
-    `mask_truncated`: the loss drops truncated completions, so a step where all were truncated says it learned
-    nothing (seen on an H200: a one-step probe's 16-token completions, all cut, gave loss 0 and grad norm 0)."""
+    `mask_truncated`: the loss really drops truncated completions (compat.truncation_mask_applies); each row
+    records it, and a step where all were truncated says it learned nothing (seen on an H200: a one-step probe's
+    16-token completions, all cut, gave loss 0 and grad norm 0)."""
     from transformers import TrainerCallback
 
     class MetricsCallback(TrainerCallback):
@@ -68,7 +69,8 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                    **kw: Any) -> None:
             if not logs or "reward" not in logs or not state.is_world_process_zero:
                 return
-            row: dict[str, Any] = {"step": state.global_step, "time": round(time.time(), 3)}
+            row: dict[str, Any] = {"step": state.global_step, "time": round(time.time(), 3),
+                                   "loss_masks_truncated": mask_truncated}
             for k in KEEP:
                 if k in logs:
                     row[k.replace("completions/", "completion_")] = logs[k]
@@ -94,7 +96,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                 parts.append(f"kl {row['kl']:.4f}")
             if "step_time_s" in row:
                 parts.append(f"{row['step_time_s']:.2f}s/step")
-            if masked_out(row, mask_truncated):
+            if masked_out(row):
                 parts.append(f"every completion reached max_completion_length ({args.max_completion_length}) and "
                              "grpo.mask_truncated_completions dropped it from the loss: nothing learned this step")
             print("rlstack train: " + " | ".join(parts), file=sys.stderr, flush=True)
@@ -156,8 +158,7 @@ def reward_figure(rows: list[dict[str, Any]], reward_names: list[str], title: st
     return fig
 
 
-def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5, *,
-              mask_truncated: bool = False) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int = 5) -> dict[str, Any]:
     """First/last rewards (each a mean over `window` steps, so one lucky batch does not decide) and timings; the
     steps that could not learn (every group tied, or every completion masked out of the loss)."""
     if not rows:
@@ -178,18 +179,18 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
     logged = [tied(r) for r in rows if tied(r) is not None]
     if logged:
         out["steps_without_signal"] = sum(logged)
-    masked = [m for m in (masked_out(r, mask_truncated) for r in rows) if m is not None]
+    masked = [m for m in (masked_out(r) for r in rows) if m is not None]
     if masked:
         out["steps_masked_out"] = sum(masked)
     return out
 
 
-def masked_out(row: dict[str, Any], mask_truncated: bool) -> bool | None:
-    """Whether a step's loss was empty because every completion was truncated and the loss drops truncated ones
-    (mask_truncated_completions): its loss and gradients are then exactly 0 whatever the rewards. None where
-    the trainer did not log the clipped ratio."""
-    ratio = row.get("completion_clipped_ratio")
-    return None if ratio is None else bool(mask_truncated and float(ratio) >= 1.0)
+def masked_out(row: dict[str, Any]) -> bool | None:
+    """Whether a step's loss was empty because every completion was truncated and its loss dropped truncated
+    ones (the row's loss_masks_truncated): its loss and gradients are then exactly 0 whatever the rewards. None
+    where the row does not say (no clipped ratio logged, or written before rows recorded the masking)."""
+    ratio, masks = row.get("completion_clipped_ratio"), row.get("loss_masks_truncated")
+    return None if ratio is None or masks is None else bool(masks and float(ratio) >= 1.0)
 
 
 def tied(row: dict[str, Any]) -> bool | None:
