@@ -1,8 +1,9 @@
 """Package names and versions compared the way installers compare them. Standard library at import time: the
 native installer (rlstack.host.native) uses these on a GPU host before anything else is installed.
 
-This is the one home of the PEP 503 normaliser. host/image_checks.py keeps a copy, because it runs by path
-inside the image build before rlstack (and this module) is installed.
+This is the one home of the PEP 503 normaliser and of the reader of installed versions (the probes record an
+environment with it, the payload asks it which unsloth_zoo runs). host/image_checks.py keeps a copy of both,
+because it runs by path inside the image build before rlstack (and this module) is installed.
 """
 
 from __future__ import annotations
@@ -30,3 +31,16 @@ def requirement_name(line: str) -> str:
 def public_version(version: str) -> str:
     """The version without its local label: PyPI's torch 2.11.0 is the build other indexes call 2.11.0+cu130."""
     return version.split("+", 1)[0]
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalized name: version} of the distributions this interpreter would import; where a name is on
+    sys.path twice (an overlay in PYTHONPATH over site-packages), the first one wins, as it does for import."""
+    import importlib.metadata as md
+
+    out: dict[str, str] = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"] if dist.metadata else None
+        if name:
+            out.setdefault(normalize(name), dist.version)
+    return out

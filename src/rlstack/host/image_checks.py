@@ -6,7 +6,7 @@ This file runs by path (`python image_checks.py ...`) before rlstack itself is i
 so it imports nothing but the standard library (torch only inside the function that checks it). That is
 why it keeps its own small copies of three helpers that have one home elsewhere in the project: the name
 normaliser (rlstack.core.pkgnames.normalize), the lock parser (rlstack.host.locks.parse_locked) and the
-reader of installed versions (rlstack.probes.environment.installed_versions). Keep them in step.
+reader of installed versions (rlstack.core.pkgnames.installed_versions). Keep them in step.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def parse_lock(text: str) -> tuple[dict[str, str], set[str]]:
 
 def installed_versions(dists: Iterable[md.Distribution] | None = None) -> dict[str, str]:
     """{normalized name: version} of the image's environment. Stdlib copy of
-    rlstack.probes.environment.installed_versions (see the module docstring); the image has one site-packages,
+    rlstack.core.pkgnames.installed_versions (see the module docstring); the image has one site-packages,
     so which of two same-named distributions wins does not arise here."""
     out: dict[str, str] = {}
     for d in dists if dists is not None else md.distributions():

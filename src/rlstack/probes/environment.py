@@ -20,26 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlstack.core.pkgnames import normalize, public_version
+from rlstack.core.pkgnames import installed_versions, normalize, public_version
 from rlstack.host.locks import LockedPackage
 from rlstack.host.stacks import Stack
 from rlstack.probes.model import Environment
 
 TOOLKIT_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc-cu13")
-
-
-def installed_versions() -> dict[str, str]:
-    """{normalized name: version} of the distributions this interpreter would import; where a name is on
-    sys.path twice (an overlay in PYTHONPATH over site-packages), the first one wins, as it does for import.
-
-    The project's one reader of installed versions. host/image_checks.py keeps a standard-library copy: it
-    runs by path in the image build, before rlstack is installed."""
-    out: dict[str, str] = {}
-    for dist in md.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if name:
-            out.setdefault(normalize(name), dist.version)
-    return out
 
 
 def _torch_cuda(version: str | None) -> str | None:

@@ -253,13 +253,3 @@ def truncation_mask_applies(mask_truncated: bool, loader: str, zoo_version: str 
         return zoo_version is not None and Version(zoo_version) >= Version(ZOO_HONOURS_TRUNCATION_MASK)
     except InvalidVersion:
         return False
-
-
-def installed_zoo_version() -> str | None:
-    """unsloth_zoo's version in this Python, or None."""
-    from importlib import metadata
-
-    for name in ("unsloth_zoo", "unsloth-zoo"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            return metadata.version(name)
-    return None

@@ -219,11 +219,12 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     dataset = build_dataset(recipe, loaded.tokenizer, data)
     config = trainer_config(recipe, loaded, run_dir / "checkpoints")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
-    from rlstack.payload.train.compat import installed_zoo_version, truncation_mask_applies
+    from rlstack.core.pkgnames import installed_versions
+    from rlstack.payload.train.compat import truncation_mask_applies
 
     # whether truncated completions really leave the loss (unsloth_zoo 2026.6.1's loss ignores the mask): each
     # metrics row records it, so a step with an empty loss can be told from a broken backward pass
-    zoo = installed_zoo_version()
+    zoo = installed_versions().get("unsloth-zoo")
     masks = truncation_mask_applies(recipe.grpo.mask_truncated_completions, loaded.loader, zoo)
     if recipe.grpo.mask_truncated_completions and not masks:
         print(f"rlstack train: grpo.mask_truncated_completions = true has no effect here: unsloth_zoo {zoo}'s GRPO "
