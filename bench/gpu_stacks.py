@@ -24,8 +24,10 @@ its rewards. Accuracy on random weights is ~0 and says nothing about learning; i
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -288,6 +290,41 @@ def compare(base: Path, other: Path) -> dict[str, Any]:
     return {"rc": proc.returncode, "error": proc.stderr[-800:]}
 
 
+def results_only_evals(dirs: list[str], have: set[str | None]) -> list[dict[str, Any]]:
+    """Eval records rebuilt from `rlstack eval`'s own results.json (copied back as TAG-results.json) where the
+    bench's TAG-eval.json never came back (the device call ended before the bench wrote it): the accuracy and
+    timings are rlstack's; what only the bench measures (exit code, wall, GPU peak) stays None."""
+    out = []
+    for d in dirs:
+        for p in sorted(Path(d).rglob("*-results.json")):
+            tag = p.name.removesuffix("-results.json")
+            if tag in have:
+                continue
+            res = json.loads(p.read_text())
+            cfg = res.get("config") or {}
+            out.append({"step": "eval", "tag": tag, "stack": tag.split("-", 1)[0], "date": res.get("created"),
+                        "adapter": cfg.get("adapter_name"), "backend": cfg.get("backend"),
+                        "run": {"rc": None, "wall_s": None, "gpu_peak_gib": None},
+                        "results": {k: v for k, v in res.items() if k != "per_question"},
+                        "source": f"{p.name} (rlstack eval's results; the bench record did not come back)"})
+    return out
+
+
+def row_eval(stack: str, train_date: str | None, evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation of a stack's table run: its own adapter (gpu-STACK) on either backend, without --fastgen or
+    --unquantized; the default size (n=32) first, else the largest. An evaluation older than the train that
+    wrote the adapter evaluated an earlier adapter of the same name, so it never counts for this row."""
+    def when(x: str | None) -> _dt.datetime | None:
+        return _dt.datetime.fromisoformat(x.replace("Z", "+00:00")) if x else None
+
+    started = when(train_date)
+    own = [e for e in evals
+           if re.fullmatch(rf"{re.escape(stack)}-gpu-{re.escape(stack)}-(hf|vllm)(-n\d+)?", e.get("tag") or "")
+           and (started is None or (when(e.get("date")) or started) >= started)]
+    own.sort(key=lambda e: (not re.search(r"-n\d+$", e["tag"]), (e.get("results") or {}).get("n") or 0))
+    return own[-1] if own else None
+
+
 def cmd_summarize(a: argparse.Namespace) -> int:
     """Merge the device steps' JSON into bench/results/gpu_stacks.{json,md}; --note says what a run's numbers
     cannot (a failure's wall, what was not run)."""
@@ -296,24 +333,24 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         for p in sorted(Path(d).rglob("*.json")):
             if p.name.endswith(("-train.json", "-eval.json")):
                 records.append(json.loads(p.read_text()))
+    records += results_only_evals(a.dirs, {r.get("tag") for r in records if r.get("step") == "eval"})
     # the table: each stack's default run (the 4B shape, adapter gpu-STACK); other runs feed the hand-offs only
     trains = {r["stack"]: r for r in records
               if r.get("step") == "train" and r.get("adapter", f"gpu-{r['stack']}") == f"gpu-{r['stack']}"}
     evals = [r for r in records if r.get("step") == "eval"]
     table = [train_row(r) for r in trains.values()]
     for row in table:
-        for e in evals:
-            # the stack's own adapter at the default settings (not a fastgen or n=300 throughput run)
-            if e.get("tag") in {f"{row['stack']}-gpu-{row['stack']}-{b}" for b in ("hf", "vllm")}:
-                res = e.get("results") or {}
-                row["eval_backend"] = e["backend"]
-                row["eval_rc"] = e["run"]["rc"]
-                row["eval_accuracy"] = res.get("accuracy")
-                row["eval_n"] = res.get("n")
+        e = row_eval(row["stack"], trains[row["stack"]].get("date"), evals)
+        if e is not None:
+            res = e.get("results") or {}
+            row["eval_backend"] = e["backend"]
+            row["eval_rc"] = e["run"]["rc"]
+            row["eval_accuracy"] = res.get("accuracy")
+            row["eval_n"] = res.get("n")
     data: dict[str, Any] = {"date": common.now(), "gpu": next((r.get("gpu") for r in records if r.get("gpu")), {}),
                             "recipe": RECIPE, "model": "Qwen3-4B shape, random bf16 weights",
                             "train_data": TRAIN_DATA, "eval_data": EVAL_DATA, "evals": [
-                                {k: e.get(k) for k in ("stack", "adapter", "backend", "tag")}
+                                {k: e.get(k) for k in ("stack", "adapter", "backend", "tag", "date")}
                                 | {"rc": e["run"]["rc"], "wall_s": e["run"]["wall_s"],
                                    "accuracy": (e.get("results") or {}).get("accuracy"),
                                    "format_rate": (e.get("results") or {}).get("format_reward_mean"),
@@ -355,7 +392,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
              "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")
     if data["evals"]:
-        ecols = ["tag", "rc", "engine", "accuracy", "load_s", "questions_per_s", "new_tokens_per_s", "gpu_peak_gib"]
+        ecols = ["tag", "date", "rc", "engine", "accuracy", "load_s", "questions_per_s", "new_tokens_per_s",
+                 "gpu_peak_gib"]
         notes += "\n\nEvaluations (`rlstack eval`, greedy, 256 new tokens):\n\n" + "\n".join(
             ["| " + " | ".join(ecols) + " |", "|" + "---|" * len(ecols)]
             + ["| " + " | ".join(str(e.get(c)) for c in ecols) + " |" for e in data["evals"]])

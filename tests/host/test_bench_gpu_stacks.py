@@ -42,3 +42,28 @@ def test_masked_out_steps_have_no_signal(gpu_stacks: ModuleType) -> None:
     assert gpu_stacks.train_row(_record(old_transformers, [cut], "2026.10.6"))["steps_masked_out"] == 0
     said = gpu_stacks.train_row(_record(portable, [{**cut, "loss_masks_truncated": True}], "2026.6.1"))
     assert said["steps_masked_out"] == 1 and said["steps_with_signal"] == 0
+
+
+def test_an_eval_older_than_the_train_is_not_the_rows(gpu_stacks: ModuleType, tmp_path: Path) -> None:
+    """An adapter name is reused run after run: the 2026-12-03 eval of gpu-fp8 evaluated the adapter that the
+    2026-12-04 train overwrote. The row takes the newer eval, here one that only rlstack's results.json
+    brought back (the bench's record was cut off), and never the older one."""
+    import json
+
+    old = {"step": "eval", "tag": "fp8-gpu-fp8-vllm", "date": "2026-12-03T12:00:00Z", "backend": "vllm",
+           "run": {"rc": 0}, "results": {"n": 32, "accuracy": 0.5}}
+    (tmp_path / "fp8-gpu-fp8-vllm-eval.json").write_text(json.dumps(old))
+    (tmp_path / "fp8-gpu-fp8-vllm-results.json").write_text(json.dumps({"n": 32}))
+    new = {"n": 300, "accuracy": 0.25, "created": "2026-12-04T14:18:55+00:00", "per_question": {"q": False},
+           "config": {"adapter_name": "gpu-fp8", "backend": "vllm"}}
+    (tmp_path / "fp8-gpu-fp8-vllm-n300-results.json").write_text(json.dumps(new))
+    rebuilt = gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm"})
+    assert [e["tag"] for e in rebuilt] == ["fp8-gpu-fp8-vllm-n300"]
+    assert rebuilt[0]["run"]["rc"] is None and "per_question" not in rebuilt[0]["results"]
+    evals = [old, *rebuilt]
+    assert gpu_stacks.row_eval("fp8", "2026-12-03T11:00:00Z", evals) is old  # the default size first
+    chosen = gpu_stacks.row_eval("fp8", "2026-12-04T14:14:50Z", evals)
+    assert chosen is not None and chosen["results"]["accuracy"] == 0.25
+    assert gpu_stacks.row_eval("fp8", "2026-12-05T00:00:00Z", evals) is None
+    fastgen = {**old, "tag": "fp8-gpu-fp8-vllm-fastgen", "date": "2026-12-06T00:00:00Z"}
+    assert gpu_stacks.row_eval("fp8", "2026-12-05T00:00:00Z", [fastgen]) is None
