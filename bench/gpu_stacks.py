@@ -240,6 +240,10 @@ def train_row(rec: dict[str, Any]) -> dict[str, Any]:
         # the first step pays compilation / CUDA graph capture / vLLM warmup: the median is over the rest
         "s_per_step_median": _median(times[1:]) if len(times) > 1 else None,
         "rollout_tokens_per_s": _median(rollout),
+        # where the step goes (rlstack train's phase split; runs before 2026-12-04 15:00 lack it): the rollout
+        # (TRL's _generate, with vLLM's weight sync), rewards + log-prob passes, and loss + backward + optimizer
+        **{f"{k}_median": _median([r[k] for r in rows[1:] if r.get(k) is not None])
+           for k in ("generate_s", "score_s", "train_s")},
         "train_wall_s": rec["run"]["wall_s"], "peak_gib": rec["run"]["gpu_peak_gib"],
         "adapter_sha256": rec.get("adapter_sha256"),
         "adapter_verified": bool(rec.get("adapter_sha256")) and rec.get("verify", {}).get("rc") == 0,
@@ -386,8 +390,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                 pair["compare"] = compare(res[tag], res[other])
             data.setdefault("handoffs_unquantized", {})[adapter] = pair
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
-            "rollout_tokens_per_s", "steps_with_signal", "steps_masked_out", "grad_norm_max", "peak_gib",
-            "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
+            "rollout_tokens_per_s", "generate_s_median", "train_s_median", "steps_with_signal", "steps_masked_out",
+            "grad_norm_max", "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "
              "tokens per second of whole GRPO step (rollout + loss), median over steps 2..N.")

@@ -42,7 +42,9 @@ def test_train_then_eval(env: Path) -> None:
     rows = _rows(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert {"reward", "format_mean", "format_std", "correctness_mean", "loss", "step_time_s"} <= set(r)
+        assert {"reward", "format_mean", "format_std", "correctness_mean", "loss", "step_time_s", "generate_s",
+                "score_s", "train_s"} <= set(r)
+        assert r["generate_s"] + r["score_s"] + r["train_s"] == pytest.approx(r["step_time_s"], abs=0.01)
     assert (run / "reward_curve.png").stat().st_size > 1000
 
     out = env / "eval"

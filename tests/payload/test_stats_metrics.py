@@ -106,3 +106,74 @@ def test_reward_figure_keeps_every_line_visible() -> None:
     assert [ln.get_label() for ln in parts.lines] == ["correctness: 0.00 -> 0.00", "format: 0.30 -> 0.80"]
     styles = {(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in [*total.lines, *parts.lines]}
     assert len(styles) == 3  # no two lines drawn alike
+
+
+def test_each_row_splits_the_step_into_generate_score_and_train(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The rollout and the generate-and-score phase are timed on the trainer instance (as TRL calls them from
+    _prepare_inputs); what is left of the step is the loss, backward and optimizer."""
+    pytest.importorskip("transformers")
+    import time
+    from types import SimpleNamespace
+
+    class Trainer:
+        def _generate(self, prompts: list[str]) -> list[str]:
+            time.sleep(0.05)
+            return [p + "!" for p in prompts]
+
+        def _generate_and_score_completions(self, batch: list[str]) -> list[str]:
+            out = self._generate(batch)
+            time.sleep(0.03)
+            return out
+
+    cb = metrics.make_callback(tmp_path / "m.jsonl", ["format"], 8)
+    trainer = Trainer()
+    assert cb.time_phases(trainer) == ["_generate", "_generate_and_score_completions"]
+    args = SimpleNamespace(max_completion_length=16)
+    state = SimpleNamespace(global_step=1, max_steps=2, is_world_process_zero=True)
+    cb.on_step_begin(args, state, None)
+    assert trainer._generate_and_score_completions(["a"]) == ["a!"]  # behaviour unchanged
+    time.sleep(0.02)
+    cb.on_step_end(args, state, None)
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    state.global_step = 2  # a step that reuses buffered completions: no rollout, so 0 is measured
+    cb.on_step_begin(args, state, None)
+    cb.on_step_end(args, state, None)
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    first, second = metrics.read_rows(tmp_path / "m.jsonl")
+    assert first["generate_s"] >= 0.05 and first["score_s"] >= 0.03 and first["train_s"] >= 0.02
+    assert first["generate_s"] + first["score_s"] + first["train_s"] == pytest.approx(first["step_time_s"], abs=2e-3)
+    assert second["generate_s"] == 0.0 and second["score_s"] == 0.0
+    import re
+
+    line = capsys.readouterr().err.splitlines()[0]
+    assert re.search(r"s/step \(generate \d+\.\d\ds, score \d+\.\d\ds, train \d+\.\d\ds\)", line), line
+    assert metrics.summarize([first, second], ["format"])["generate_s_mean"] == pytest.approx(
+        (first["generate_s"] + second["generate_s"]) / 2, abs=1e-4)
+
+
+def test_a_rollout_that_bypasses_the_timed_method_is_not_reported_as_zero(tmp_path: Path) -> None:
+    """A trainer whose generate-and-score phase does not go through self._generate (a subclass that inlines it)
+    leaves generate_s and score_s out rather than claiming a zero-second rollout."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    class Inlined:
+        def _generate(self, prompts: list[str]) -> list[str]:
+            return prompts
+
+        def _generate_and_score_completions(self, batch: list[str]) -> list[str]:
+            return batch
+
+    cb = metrics.make_callback(tmp_path / "m.jsonl", ["format"], 8)
+    trainer = Inlined()
+    cb.time_phases(trainer)
+    args = SimpleNamespace(max_completion_length=16)
+    state = SimpleNamespace(global_step=1, max_steps=1, is_world_process_zero=True)
+    cb.on_step_begin(args, state, None)
+    trainer._generate_and_score_completions(["a"])
+    cb.on_step_end(args, state, None)
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    (row,) = metrics.read_rows(tmp_path / "m.jsonl")
+    assert "generate_s" not in row and "score_s" not in row and "train_s" in row
+    assert metrics.make_callback(tmp_path / "n.jsonl", ["format"], 8).time_phases(object()) == []

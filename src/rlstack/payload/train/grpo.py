@@ -272,6 +272,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
             print(f"rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true, loader "
                   f"{loaded.loader}); on any failure it falls back to the model's generate for the rest of the run, "
                   "saying why", file=sys.stderr)
+    callback.time_phases(trainer)  # after fastgen's hook: the rollout it times is the one that runs
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our progress line replaces the raw log dicts

@@ -44,6 +44,17 @@ def truncate_after(path: Path, step: int) -> int:
     return len(rows)
 
 
+GENERATE = "_generate"  # TRL 0.24 GRPOTrainer: prompts -> completion ids, through vLLM or model.generate
+GENERATE_AND_SCORE = "_generate_and_score_completions"  # the rollout plus rewards and the log-prob passes
+
+
+def _sync_cuda() -> None:
+    """Wait for queued CUDA work where CUDA is in use, so a phase's time includes its kernels."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def make_callback(path: Path, reward_names: list[str], completions_per_step: int, *,
                   mask_truncated: bool = False) -> Any:
     """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily).
@@ -57,9 +68,58 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             self.step_start: float | None = None
             self.step_time: float | None = None
             self.last_tokens: float | None = None
+            self.timed: set[str] = set()  # the trainer methods time_phases wrapped
+            self.spent: dict[str, float] = {}  # seconds in each of them during this step
+            self.calls: dict[str, int] = {}
+
+        def time_phases(self, trainer: Any) -> list[str]:
+            """Time the trainer's rollout (TRL's ``_generate``: the generation engine, whichever it is) and its
+            whole generate-and-score phase (rollout, reward functions, old/reference log-prob passes), so each row
+            splits the step into generate_s, score_s and train_s (loss forward, backward, optimizer). Why: a
+            step time alone cannot say where an FP8 step's extra seconds go (the H200 runs of 2026-12-04
+            alternated between 3.5 and 6.9 s per step). Wrapped on the instance, so Unsloth's generated subclass
+            is timed too; a method the trainer does not have, or never calls, leaves its field out."""
+            import functools
+
+            def wrap(name: str) -> None:
+                inner = getattr(trainer, name, None)
+                if not callable(inner):
+                    return
+
+                @functools.wraps(inner)
+                def timed(*a: Any, **k: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return inner(*a, **k)
+                    finally:
+                        _sync_cuda()  # the engine's kernels, not just their launches
+                        self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - t
+                        self.calls[name] = self.calls.get(name, 0) + 1
+
+                setattr(trainer, name, timed)
+                self.timed.add(name)
+
+            for name in (GENERATE, GENERATE_AND_SCORE):
+                wrap(name)
+            return sorted(self.timed)
+
+        def phases(self) -> dict[str, float]:
+            """This step's split (see time_phases): only what was measured."""
+            out: dict[str, float] = {}
+            if GENERATE_AND_SCORE not in self.timed:
+                return out
+            whole = self.spent.get(GENERATE_AND_SCORE, 0.0)
+            generated = self.calls.get(GENERATE, 0) > 0
+            if generated or not self.calls.get(GENERATE_AND_SCORE):  # no rollout this step: 0 is the truth
+                out["generate_s"] = round(self.spent.get(GENERATE, 0.0), 4)
+                out["score_s"] = round(max(whole - self.spent.get(GENERATE, 0.0), 0.0), 4)
+            if self.step_time:
+                out["train_s"] = round(max(self.step_time - whole, 0.0), 4)
+            return out
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.step_start = time.perf_counter()
+            self.spent, self.calls = {}, {}
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if self.step_start is not None:
@@ -87,6 +147,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                 if "completions/mean_length" in logs:  # per process: every one of world_size made as many
                     row["completion_tokens_per_s"] = round(logs["completions/mean_length"] * completions_per_step
                                                            * getattr(args, "world_size", 1) / self.step_time, 2)
+                row.update(self.phases())
             self.last_tokens = logs.get("num_tokens")
             with path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -95,7 +156,9 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             if "kl" in row:
                 parts.append(f"kl {row['kl']:.4f}")
             if "step_time_s" in row:
-                parts.append(f"{row['step_time_s']:.2f}s/step")
+                split = ", ".join(f"{k.removesuffix('_s')} {row[k]:.2f}s" for k in ("generate_s", "score_s", "train_s")
+                                  if k in row)
+                parts.append(f"{row['step_time_s']:.2f}s/step" + (f" ({split})" if split else ""))
             if masked_out(row):
                 parts.append(f"every completion reached max_completion_length ({args.max_completion_length}) and "
                              "grpo.mask_truncated_completions dropped it from the loss: nothing learned this step")
@@ -174,6 +237,9 @@ def summarize(rows: list[dict[str, Any]], reward_names: list[str], window: int =
         out[f"{key}_first"] = avg(key, rows[:w])
         out[f"{key}_last"] = avg(key, rows[-w:])
     out["step_time_s_mean"] = avg("step_time_s", rows)
+    for phase in ("generate_s", "score_s", "train_s"):
+        if any(phase in r for r in rows):
+            out[f"{phase}_mean"] = avg(phase, rows)
     out["tokens_per_s_mean"] = avg("tokens_per_s", rows)
     out["kl_last"] = rows[-1].get("kl")
     logged = [tied(r) for r in rows if tied(r) is not None]
