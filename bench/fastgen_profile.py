@@ -1,0 +1,204 @@
+"""Where one fastgen decode step spends its time (issue 14's speed work: "measure which matters with a profile
+first, write the prediction down, then the outcome").
+
+fastgen reached 1,515 tok/s at 8 sequences on the H200 (5.28 ms per step), 38 % of the 4,013 tok/s bandwidth
+floor. bench/notes.md lists four suspects without a measurement (kernel count, skinny GEMMs at 8 rows, sampling
+outside the graph, padded cache reads). This bench splits the step into parts that can each be timed alone, on
+the same model fastgen decodes (Qwen3-4B shape, random bf16 weights, LoRA r=32 merged into the shadow, the
+recipe's 512 new tokens after 150-210-token prompts):
+
+  wall        generate() per new token: the whole decode loop as GRPO's rollout sees it
+  replay      one replay of fastgen's captured CUDA graph: the decode step's GPU work, nothing else
+  loop        wall - replay: sampling plus the Python loop between replays (sampled apart: `sampling`)
+  gemm        every projection of the model timed alone at M = batch rows (x @ W.T, bf16, cuBLAS), summed over
+              one step, each shape's bytes/s against the measured copy bandwidth: what skinny GEMMs cost
+  attention   fastgen's decode attention over the static cache at its bucketed length, and at the average
+              filled length (what padded cache reads cost), summed over the layers
+  rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
+  kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none)
+
+The parts are timed alone, so they do not add up exactly (caches are warm in a microbenchmark, cold in the
+step); the split says which part to work on, not to the microsecond. Nothing here changes fastgen: it reads
+the engine's captured graph after a normal generate() call.
+
+    bash bench/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
+    RLSTACK_BENCH_SMOKE=1 python bench/fastgen_profile.py       # CPU, tiny model: no graph, parts that apply
+Results: bench/results/fastgen_profile.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+import rollout_generation as rg
+
+PROMPT_LENS = (150, 170, 190, 210)
+COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "loop_ms", "sampling_ms", "gemm_ms",
+           "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms", "rest_ms", "kernels_per_step",
+           "floor_ms", "fraction_of_floor"]
+
+
+def projection_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
+    """name -> (N out, K in, how many per step): every linear layer one decode step runs, the lm_head once."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    nh, nkv, inter, n = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.num_hidden_layers
+    return {"q_proj": (nh * hd, h, n), "k_proj": (nkv * hd, h, n), "v_proj": (nkv * hd, h, n),
+            "o_proj": (h, nh * hd, n), "gate_proj": (inter, h, n), "up_proj": (inter, h, n),
+            "down_proj": (h, inter, n), "lm_head": (cfg.vocab_size, h, 1)}
+
+
+def median_ms(fn: Any, reps: int = 20) -> float:
+    return statistics.median(common.cuda_time(fn, warmup=3, reps=reps)) * 1e3
+
+
+def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
+    """Each projection alone at M = batch rows; bytes moved = the weight (N x K bf16) plus the activations."""
+    import torch
+
+    dev, dt = common.DEVICE, torch.bfloat16
+    shapes, total, parts = projection_shapes(cfg), 0.0, {}
+    for name, (n_out, k_in, count) in shapes.items():
+        w = torch.randn(n_out, k_in, device=dev, dtype=dt)
+        x = torch.randn(batch, k_in, device=dev, dtype=dt)
+        ms = median_ms(lambda w=w, x=x: x @ w.t())
+        moved = (n_out * k_in + batch * (k_in + n_out)) * 2
+        parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(ms, 5),
+                       "bandwidth_fraction": round(moved / (ms / 1e3) / bandwidth, 3)}
+        total += ms * count
+        del w, x
+    weights = sum((n * k * c) * 2 for n, k, c in shapes.values())
+    return {"ms": total, "parts": parts, "bandwidth_fraction": weights / (total / 1e3) / bandwidth}
+
+
+def time_attention(cfg: Any, batch: int, length: int) -> float:
+    """fastgen's decode attention (one query token, grouped matmuls over a static cache of `length` slots) for
+    every layer of one step, in ms."""
+    import torch
+
+    from rlstack.payload.fastgen.engine import gqa_decode_attention
+
+    dev, dt = common.DEVICE, torch.bfloat16
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = torch.randn(batch, nh, 1, hd, device=dev, dtype=dt)
+    k = torch.randn(batch, nkv, length, hd, device=dev, dtype=dt)
+    v = torch.randn(batch, nkv, length, hd, device=dev, dtype=dt)
+    mask = torch.ones(batch, 1, 1, length, device=dev, dtype=torch.bool)
+    ms = median_ms(lambda: gqa_decode_attention(None, q, k, v, mask))
+    return ms * cfg.num_hidden_layers
+
+
+def time_sampling(cfg: Any, batch: int, sampling: Any) -> float:
+    """fastgen's sampling of one step (the recipe's warpers on float32 logits over the whole vocabulary)."""
+    import torch
+
+    from rlstack.payload.fastgen.engine import sample_next
+
+    logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
+    return median_ms(lambda: sample_next(logits, sampling, 100))
+
+
+def kernels_per_replay(graph: Any, reps: int = 3) -> int | None:
+    """CUDA kernels the profiler records over `reps` replays, per replay (None when it records none: a
+    profiler build that does not trace kernels inside graphs)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    return round(len(kernels) / reps) if kernels else None
+
+
+def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
+                  reps: int) -> dict[str, Any]:
+    from rlstack.payload import fastgen
+
+    cfg = pm.get_base_model().config
+    prompts = common.random_prompts(max(1, batch // 8), PROMPT_LENS, seed=batch)
+    inputs = rg.tokenize(tok, [p for p in prompts for _ in range(8)][:batch], 512)
+    eng = fastgen.get_engine(pm)
+    sampling, _ = fastgen.sampling_from_generation_config(gc, pm)
+
+    def run() -> Any:
+        return eng.generate(inputs["input_ids"], inputs["attention_mask"], new_tokens, sampling)
+
+    run()  # compile + capture for this shape
+    wall = statistics.median(common.cuda_time(run, warmup=0, reps=reps)) / new_tokens * 1e3
+    prompt_len = int(inputs["input_ids"].shape[1])
+    cache_len = next((k[1] for k in eng._caches if k[0] == batch), None)  # the bucketed static cache length
+    row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
+                           "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
+                           "graph_error": eng.graph_error}
+    entry = eng._graphs.get((batch, cache_len)) if cache_len else None
+    if entry is not None:
+        graph = entry[0]
+        row["replay_ms"] = round(median_ms(graph.replay, reps=50), 4)
+        row["loop_ms"] = round(wall - row["replay_ms"], 4)
+        try:
+            row["kernels_per_step"] = kernels_per_replay(graph)
+        except Exception as exc:  # the profiler is optional evidence, the timings are not
+            row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    else:
+        row["replay_note"] = "no captured graph (CPU, or capture failed: graph_error)"
+    row["sampling_ms"] = round(time_sampling(cfg, batch, sampling), 4)
+    gemm = time_gemms(cfg, batch, ceil["copy_bandwidth_Bps"])
+    row["gemm_ms"] = round(gemm["ms"], 4)
+    row["gemm_bandwidth_fraction"] = round(gemm["bandwidth_fraction"], 3)
+    row["gemm_parts"] = gemm["parts"]
+    if cache_len:
+        row["attention_ms"] = round(time_attention(cfg, batch, cache_len), 4)
+        filled = prompt_len + new_tokens // 2  # the average context a step attends over
+        row["attention_filled_ms"] = round(time_attention(cfg, batch, filled), 4)
+        row["attention_filled_len"] = filled
+    if "replay_ms" in row and "attention_ms" in row:
+        row["rest_ms"] = round(row["replay_ms"] - row["gemm_ms"] - row["attention_ms"], 4)
+    floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
+    row["floor_ms"] = round(floor["floor_step_s"] * 1e3, 4)
+    row["fraction_of_floor"] = round(row["floor_ms"] / wall, 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="2,4" if common.SMOKE else "8,64", help="sequences per generate call")
+    ap.add_argument("--new-tokens", type=int, default=16 if common.SMOKE else 512)
+    ap.add_argument("--reps", type=int, default=2 if common.SMOKE else 3, help="timed generate calls per batch")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    shape = rg.recipe_shape()
+    data: dict[str, Any] = {**common.header(), "smoke": common.SMOKE, "new_tokens": a.new_tokens,
+                            "lora_r": shape["lora_r"], "model": "Qwen3-4B shape, random bf16 weights"}
+    data["ceilings"] = ceil = common.measure_ceilings()
+    tok = common.build_tokenizer()
+    pm = rg.lora_model(common.build_model(), shape["lora_r"], shape["lora_alpha"])
+    gc = rg.trl_generation_config(tok, a.new_tokens, top_k=50)
+    rows: list[dict[str, Any]] = []
+    for batch in [int(b) for b in a.batches.split(",") if b]:
+        try:
+            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps))
+        except Exception as exc:  # keep the other batch's numbers
+            traceback.print_exc()
+            rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print({k: rows[-1].get(k) for k in COLUMNS}, flush=True)
+    notes = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode "
+             "step; gemm_bandwidth_fraction: weight bytes of one step over the summed GEMM time, against the "
+             "measured copy bandwidth; fraction_of_floor: the bandwidth floor's step time over the measured wall.")
+    common.write_results("fastgen_profile", data, rows, COLUMNS, notes)  # smoke mode: /tmp only
+    return 0 if rows and not any("error" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""bench/fastgen_profile.py: its GEMM part times every weight the bandwidth floor counts (so "gemm" and "floor"
+speak of the same bytes), and its CPU smoke run produces every part that applies without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def profile() -> ModuleType:
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_fastgen_profile", BENCH / "fastgen_profile.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gemms_cover_every_weight_of_the_floor_but_the_norms(profile: ModuleType) -> None:
+    import common
+
+    cfg = common.qwen3_4b_config(**common.QWEN3_4B)
+    proj = sum(n * k * count for n, k, count in profile.projection_shapes(cfg).values())
+    floor = common.decode_floor(cfg, 8, 150, 512, 4e12)["params"]
+    norms = cfg.num_hidden_layers * (2 * cfg.hidden_size + 2 * cfg.head_dim) + cfg.hidden_size
+    assert floor - proj == norms
+    assert profile.projection_shapes(cfg)["lm_head"] == (151936, 2560, 1)  # tied: read once, as the lm_head
+
+
+@pytest.mark.slow
+def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
+    env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / "fastgen_profile.py"), "--batches", "2"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
+    (row,) = data["table"]
+    assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
+    assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
+    assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
+    assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
