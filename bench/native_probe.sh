@@ -35,8 +35,12 @@ case "$cmd" in
   stash)
     cp .stage/"$stack"/part-* .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
     have=$(ls "$STASH/$stack" | grep -c '^part-')
-    want=$(python3 -c "import json,sys;print(len(json.load(open(sys.argv[1]))['parts']))" "$STASH/$stack/parts.json")
-    echo "stash $stack: $have of $want parts" ;;
+    # the parts not here yet, by name: a machine released between two calls (idle > 30 s) starts empty, and
+    # the parts carried before are gone; this line says which to carry again
+    missing=$(python3 -c "import json,os,sys;d=sys.argv[1];print(' '.join(p['name'] for p in
+json.load(open(os.path.join(d,'parts.json')))['parts'] if not os.path.exists(os.path.join(d,p['name']))))" \
+      "$STASH/$stack")
+    echo "stash $stack: $have parts here${missing:+; missing: $missing}" ;;
   run)
     install
     export PYTHONPATH=$SITE:$PWD/src

@@ -1,0 +1,29 @@
+"""bench/native_probe.sh stash: carrying parts to the device machine one call at a time, a machine released in
+between (idle past 30 s) starts empty; the stash line names the parts that are missing, so they are carried again
+instead of failing the install minutes later."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "native_probe.sh"
+
+
+def _stash(work: Path, stash: Path) -> str:
+    proc = subprocess.run(["bash", str(SCRIPT), "stash", "x"], cwd=work, capture_output=True, text=True, check=True,
+                          env={"PATH": "/usr/bin:/bin", "STASH": str(stash), "OUT": str(work / "out")})
+    return proc.stdout.strip()
+
+
+def test_stash_names_the_parts_still_missing(tmp_path: Path) -> None:
+    stage = tmp_path / ".stage" / "x"
+    stage.mkdir(parents=True)
+    (stage / "parts.json").write_text(json.dumps({"parts": [{"name": f"part-00{i}"} for i in range(3)]}))
+    (stage / "part-001").write_bytes(b"1")
+    assert _stash(tmp_path, tmp_path / "stash") == "stash x: 1 parts here; missing: part-000 part-002"
+    (stage / "part-001").unlink()
+    for i in (0, 2):
+        (stage / f"part-00{i}").write_bytes(b"1")
+    assert _stash(tmp_path, tmp_path / "stash") == "stash x: 3 parts here"
