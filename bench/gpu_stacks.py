@@ -294,17 +294,27 @@ def compare(base: Path, other: Path) -> dict[str, Any]:
     return {"rc": proc.returncode, "error": proc.stderr[-800:]}
 
 
-def results_only_evals(dirs: list[str], have: set[str | None]) -> list[dict[str, Any]]:
+def _when(stamp: str | None) -> _dt.datetime | None:
+    """A record's ISO date as an aware datetime (records without a zone are UTC, as common.now() writes them)."""
+    if not stamp:
+        return None
+    t = _dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=_dt.UTC)
+
+
+def results_only_evals(dirs: list[str], have: dict[str, str | None]) -> list[dict[str, Any]]:
     """Eval records rebuilt from `rlstack eval`'s own results.json (copied back as TAG-results.json) where the
-    bench's TAG-eval.json never came back (the device call ended before the bench wrote it): the accuracy and
-    timings are rlstack's; what only the bench measures (exit code, wall, GPU peak) stays None."""
+    bench's TAG-eval.json never came back (the device call ended before the bench wrote it), or where the one
+    that did is of an older run of the same tag (`have`: tag -> the results date its record holds): the accuracy
+    and timings are rlstack's; what only the bench measures (exit code, wall, GPU peak) stays None."""
     out = []
     for d in dirs:
         for p in sorted(Path(d).rglob("*-results.json")):
             tag = p.name.removesuffix("-results.json")
-            if tag in have:
-                continue
             res = json.loads(p.read_text())
+            recorded = _when(have.get(tag)) if tag in have else None
+            if tag in have and (recorded is None or (_when(res.get("created")) or recorded) <= recorded):
+                continue
             cfg = res.get("config") or {}
             out.append({"step": "eval", "tag": tag, "stack": tag.split("-", 1)[0], "date": res.get("created"),
                         "adapter": cfg.get("adapter_name"), "backend": cfg.get("backend"),
@@ -316,16 +326,19 @@ def results_only_evals(dirs: list[str], have: set[str | None]) -> list[dict[str,
 
 def row_eval(stack: str, train_date: str | None, evals: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The evaluation of a stack's table run: its own adapter (gpu-STACK) on either backend, without --fastgen or
-    --unquantized; the default size (n=32) first, else the largest. An evaluation older than the train that
-    wrote the adapter evaluated an earlier adapter of the same name, so it never counts for this row."""
-    def when(x: str | None) -> _dt.datetime | None:
-        return _dt.datetime.fromisoformat(x.replace("Z", "+00:00")) if x else None
+    --unquantized; the default size (n=32) first, else the largest, the newest of equals. An evaluation older
+    than the train that wrote the adapter evaluated an earlier adapter of the same name, so it never counts for
+    this row, nor does one without a date (it cannot be shown newer)."""
+    started = _when(train_date)
 
-    started = when(train_date)
-    own = [e for e in evals
-           if re.fullmatch(rf"{re.escape(stack)}-gpu-{re.escape(stack)}-(hf|vllm)(-n\d+)?", e.get("tag") or "")
-           and (started is None or (when(e.get("date")) or started) >= started)]
-    own.sort(key=lambda e: (not re.search(r"-n\d+$", e["tag"]), (e.get("results") or {}).get("n") or 0))
+    def fresh(e: dict[str, Any]) -> bool:
+        done = _when(e.get("date"))
+        return done is not None and (started is None or done >= started)
+
+    own = [e for e in evals if fresh(e)
+           and re.fullmatch(rf"{re.escape(stack)}-gpu-{re.escape(stack)}-(hf|vllm)(-n\d+)?", e.get("tag") or "")]
+    own.sort(key=lambda e: (not re.search(r"-n\d+$", e["tag"]), (e.get("results") or {}).get("n") or 0,
+                            _when(e.get("date"))))
     return own[-1] if own else None
 
 
@@ -337,7 +350,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         for p in sorted(Path(d).rglob("*.json")):
             if p.name.endswith(("-train.json", "-eval.json")):
                 records.append(json.loads(p.read_text()))
-    records += results_only_evals(a.dirs, {r.get("tag") for r in records if r.get("step") == "eval"})
+    records += results_only_evals(a.dirs, {r["tag"]: (r.get("results") or {}).get("created") for r in records
+                                           if r.get("step") == "eval" and r.get("tag")})
     # the table: each stack's default run (the 4B shape, adapter gpu-STACK); other runs feed the hand-offs only
     trains = {r["stack"]: r for r in records
               if r.get("step") == "train" and r.get("adapter", f"gpu-{r['stack']}") == f"gpu-{r['stack']}"}
@@ -390,7 +404,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                 pair["compare"] = compare(res[tag], res[other])
             data.setdefault("handoffs_unquantized", {})[adapter] = pair
     cols = ["stack", "lock_hash", "loader", "train_rc", "steps", "first_step_s", "s_per_step_median",
-            "rollout_tokens_per_s", "generate_s_median", "train_s_median", "steps_with_signal", "steps_masked_out",
+            "rollout_tokens_per_s", "generate_s_median", "score_s_median", "train_s_median", "steps_with_signal",
+            "steps_masked_out",
             "grad_norm_max", "peak_gib", "adapter_verified", "eval_backend", "eval_accuracy", "environment"]
     notes = ("`bench/gpu_stacks.py train|eval` on the device machine, natively from each stack's lock "
              "(`invoke native-stage`; deviations from the lock in `environment`). rollout_tokens_per_s: completion "

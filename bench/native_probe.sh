@@ -35,11 +35,12 @@ case "$cmd" in
   stash)
     cp .stage/"$stack"/part-* .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
     have=$(ls "$STASH/$stack" | grep -c '^part-')
-    # the parts not here yet, by name: a machine released between two calls (idle > 30 s) starts empty, and
-    # the parts carried before are gone; this line says which to carry again
-    missing=$(python3 -c "import json,os,sys;d=sys.argv[1];print(' '.join(p['name'] for p in
-json.load(open(os.path.join(d,'parts.json')))['parts'] if not os.path.exists(os.path.join(d,p['name']))))" \
-      "$STASH/$stack")
+    # the parts not here yet (or of another size: a stale part of another lock), by name: a machine released
+    # between two calls (idle > 30 s) starts empty, and the parts carried before are gone; this says which to
+    # carry again
+    missing=$(python3 -c "import json,os,sys;d=sys.argv[1];f=lambda p:os.path.join(d,p['name'])
+print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))['parts'] if not os.path.exists(f(p))
+      or os.path.getsize(f(p)) != p.get('size', os.path.getsize(f(p)))))" "$STASH/$stack")
     echo "stash $stack: $have parts here${missing:+; missing: $missing}" ;;
   run)
     install

@@ -50,3 +50,28 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
     assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
     assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
+
+
+def test_rewind_finds_the_write_positions_a_replay_advances(profile: ModuleType) -> None:
+    """Under transformers 5 the static cache keeps its write position per layer (what every replay of the captured
+    step advances): after a generate they stand past the prompt, and rewind sets them back, so the profile's
+    replays stay inside the cache."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from rlstack.payload import fastgen
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    eng = fastgen.FastGenerator(model)
+    ids = torch.randint(1, 64, (2, 5))
+    eng.generate(ids, torch.ones_like(ids), 6, fastgen.Sampling(do_sample=False))
+    (key,) = eng._caches
+    lengths = eng._lengths(eng._caches[key][0])
+    if not lengths:
+        pytest.skip("this transformers writes at the graph's slot input: nothing to rewind")
+    assert len(lengths) == cfg.num_hidden_layers and all(int(t) > 5 for t in lengths)
+    profile.rewind(lengths, 5)
+    assert all(int(t) == 5 for t in lengths)

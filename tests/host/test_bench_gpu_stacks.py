@@ -57,7 +57,7 @@ def test_an_eval_older_than_the_train_is_not_the_rows(gpu_stacks: ModuleType, tm
     new = {"n": 300, "accuracy": 0.25, "created": "2026-12-04T14:18:55+00:00", "per_question": {"q": False},
            "config": {"adapter_name": "gpu-fp8", "backend": "vllm"}}
     (tmp_path / "fp8-gpu-fp8-vllm-n300-results.json").write_text(json.dumps(new))
-    rebuilt = gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm"})
+    rebuilt = gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm": "2026-12-03T11:59:00Z"})
     assert [e["tag"] for e in rebuilt] == ["fp8-gpu-fp8-vllm-n300"]
     assert rebuilt[0]["run"]["rc"] is None and "per_question" not in rebuilt[0]["results"]
     evals = [old, *rebuilt]
@@ -67,3 +67,19 @@ def test_an_eval_older_than_the_train_is_not_the_rows(gpu_stacks: ModuleType, tm
     assert gpu_stacks.row_eval("fp8", "2026-12-05T00:00:00Z", evals) is None
     fastgen = {**old, "tag": "fp8-gpu-fp8-vllm-fastgen", "date": "2026-12-06T00:00:00Z"}
     assert gpu_stacks.row_eval("fp8", "2026-12-05T00:00:00Z", [fastgen]) is None
+    undated = {**old, "date": None}
+    assert gpu_stacks.row_eval("fp8", "2026-12-03T11:00:00Z", [undated]) is None  # cannot be shown newer
+    naive = {**old, "date": "2026-12-03T12:00:00"}  # no zone: UTC, compared without a TypeError
+    assert gpu_stacks.row_eval("fp8", "2026-12-03T11:00:00Z", [naive]) is naive
+
+
+def test_a_newer_results_file_replaces_the_older_record_of_its_tag(gpu_stacks: ModuleType, tmp_path: Path) -> None:
+    """The bench's record of a tag came back from an earlier run, rlstack's results.json of a later run of the same
+    tag did (the later bench record was cut off): the later results are rebuilt; an equal or older file is not."""
+    import json
+
+    (tmp_path / "fp8-gpu-fp8-vllm-results.json").write_text(json.dumps(
+        {"n": 32, "accuracy": 0.5, "created": "2026-12-04T10:00:00+00:00", "config": {"backend": "vllm"}}))
+    newer = gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm": "2026-12-03T10:00:00+00:00"})
+    assert [e["results"]["accuracy"] for e in newer] == [0.5]
+    assert gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm": "2026-12-04T10:00:00Z"}) == []

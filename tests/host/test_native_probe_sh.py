@@ -20,10 +20,12 @@ def _stash(work: Path, stash: Path) -> str:
 def test_stash_names_the_parts_still_missing(tmp_path: Path) -> None:
     stage = tmp_path / ".stage" / "x"
     stage.mkdir(parents=True)
-    (stage / "parts.json").write_text(json.dumps({"parts": [{"name": f"part-00{i}"} for i in range(3)]}))
+    (stage / "parts.json").write_text(json.dumps({"parts": [{"name": f"part-00{i}", "size": 1} for i in range(3)]}))
     (stage / "part-001").write_bytes(b"1")
     assert _stash(tmp_path, tmp_path / "stash") == "stash x: 1 parts here; missing: part-000 part-002"
     (stage / "part-001").unlink()
     for i in (0, 2):
         (stage / f"part-00{i}").write_bytes(b"1")
     assert _stash(tmp_path, tmp_path / "stash") == "stash x: 3 parts here"
+    (stage / "part-002").write_bytes(b"22")  # a stale part of another lock, same name
+    assert _stash(tmp_path, tmp_path / "stash") == "stash x: 3 parts here; missing: part-002"

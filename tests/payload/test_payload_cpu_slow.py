@@ -44,7 +44,7 @@ def test_train_then_eval(env: Path) -> None:
     for r in rows:
         assert {"reward", "format_mean", "format_std", "correctness_mean", "loss", "step_time_s", "generate_s",
                 "score_s", "train_s"} <= set(r)
-        assert r["generate_s"] + r["score_s"] + r["train_s"] == pytest.approx(r["step_time_s"], abs=0.01)
+        assert r["generate_s"] > 0 and r["generate_s"] + r["score_s"] <= r["step_time_s"]  # a rollout every step
     assert (run / "reward_curve.png").stat().st_size > 1000
 
     out = env / "eval"

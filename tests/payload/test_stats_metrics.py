@@ -142,7 +142,8 @@ def test_each_row_splits_the_step_into_generate_score_and_train(tmp_path: Path,
     cb.on_log(args, state, None, logs={"reward": 0.5})
     first, second = metrics.read_rows(tmp_path / "m.jsonl")
     assert first["generate_s"] >= 0.05 and first["score_s"] >= 0.03 and first["train_s"] >= 0.02
-    assert first["generate_s"] + first["score_s"] + first["train_s"] == pytest.approx(first["step_time_s"], abs=2e-3)
+    # the two timed methods lie inside the step: their time can never exceed the step's (double counting would)
+    assert first["generate_s"] + first["score_s"] <= first["step_time_s"]
     assert second["generate_s"] == 0.0 and second["score_s"] == 0.0
     import re
 

@@ -76,8 +76,8 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             """Time the trainer's rollout (TRL's ``_generate``: the generation engine, whichever it is) and its
             whole generate-and-score phase (rollout, reward functions, old/reference log-prob passes), so each row
             splits the step into generate_s, score_s and train_s (loss forward, backward, optimizer). Why: a
-            step time alone cannot say where an FP8 step's extra seconds go (the H200 runs of 2026-12-04
-            alternated between 3.5 and 6.9 s per step). Wrapped on the instance, so Unsloth's generated subclass
+            step time alone cannot say where an FP8 step's extra seconds go (the H200 run of 2026-12-04
+            had steps of 3.5-4.0 s and of 6.5-6.9 s). Wrapped on the instance, so Unsloth's generated subclass
             is timed too; a method the trainer does not have, or never calls, leaves its field out."""
             import functools
 
@@ -123,6 +123,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if self.step_start is not None:
+                _sync_cuda()  # the backward and optimizer kernels still queued belong to this step
                 self.step_time = time.perf_counter() - self.step_start
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
