@@ -285,3 +285,15 @@ def trl_compat() -> list[str]:
             setattr(iu, name, bool(value[0]))
             fixed.append(name)
     return fixed
+
+
+def engine_options(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings as FastGenerator keyword arguments: true/false as booleans, digits as ints."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-option wants KEY=VALUE, got {pair!r} (e.g. merge_lora=false)")
+        low = value.lower()
+        out[key] = low == "true" if low in ("true", "false") else int(value) if value.isdigit() else value
+    return out

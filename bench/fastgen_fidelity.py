@@ -219,18 +219,6 @@ def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> 
     return [r for r in old if tuple(r.get(k) for k in key) not in mine] + rows
 
 
-def engine_options(pairs: list[str]) -> dict[str, Any]:
-    """`KEY=VALUE` strings as FastGenerator keyword arguments: true/false as booleans, digits as ints."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--engine-option wants KEY=VALUE, got {pair!r} (e.g. merge_lora=false)")
-        low = value.lower()
-        out[key] = low == "true" if low in ("true", "false") else int(value) if value.isdigit() else value
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -249,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                          "merge_lora=false (decode through the PEFT modules, as the training model does), "
                          "gqa_attention=false (transformers' sdpa), compile=false; repeatable")
     a = ap.parse_args(argv)
-    options = engine_options(a.engine_option)
+    options = common.engine_options(a.engine_option)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -151,13 +151,13 @@ def kernels_per_replay(graph: Any, lengths: list[Any], start: int, reps: int = 3
 
 
 def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
-                  reps: int) -> dict[str, Any]:
+                  reps: int, options: dict[str, Any]) -> dict[str, Any]:
     from rlstack.payload import fastgen
 
     cfg = pm.get_base_model().config
     prompts = common.random_prompts(max(1, batch // 8), PROMPT_LENS, seed=batch)
     inputs = rg.tokenize(tok, [p for p in prompts for _ in range(8)][:batch], 512)
-    eng = fastgen.get_engine(pm)
+    eng = fastgen.get_engine(pm, **options)  # built on the first batch with this run's options, then reused
     sampling, _ = fastgen.sampling_from_generation_config(gc, pm)
 
     def run() -> Any:
@@ -205,13 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="2,4" if common.SMOKE else "8,64", help="sequences per generate call")
     ap.add_argument("--new-tokens", type=int, default=16 if common.SMOKE else 512)
     ap.add_argument("--reps", type=int, default=2 if common.SMOKE else 3, help="timed generate calls per batch")
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a FastGenerator option for an A/B in the same lease, e.g. "
+                         "compile_mode=max-autotune-no-cudagraphs (inductor's Triton GEMM templates against cuBLAS "
+                         "at M = batch rows); repeatable; recorded in the results")
     a = ap.parse_args(argv)
+    options = common.engine_options(a.engine_option)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
     shape = rg.recipe_shape()
     data: dict[str, Any] = {**common.header(), "smoke": common.SMOKE, "new_tokens": a.new_tokens,
-                            "lora_r": shape["lora_r"], "model": "Qwen3-4B shape, random bf16 weights"}
+                            "lora_r": shape["lora_r"], "model": "Qwen3-4B shape, random bf16 weights",
+                            "engine_options": options}
     data["ceilings"] = ceil = common.measure_ceilings()
     tok = common.build_tokenizer()
     pm = rg.lora_model(common.build_model(), shape["lora_r"], shape["lora_alpha"])
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for batch in [int(b) for b in a.batches.split(",") if b]:
         try:
-            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps))
+            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, options))
         except Exception as exc:  # keep the other batch's numbers
             traceback.print_exc()
             rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
