@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = rg.recipe_shape()
     data: dict[str, Any] = {**common.header(), "smoke": common.SMOKE, "new_tokens": a.new_tokens,
                             "lora_r": shape["lora_r"], "model": "Qwen3-4B shape, random bf16 weights",
-                            "engine_options": options}
+                            "engine_options": options, "lora_from": shape["source"]}
     data["ceilings"] = ceil = common.measure_ceilings()
     tok = common.build_tokenizer()
     pm = rg.lora_model(common.build_model(), shape["lora_r"], shape["lora_alpha"])
