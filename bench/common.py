@@ -297,3 +297,10 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
         low = value.lower()
         out[key] = low == "true" if low in ("true", "false") else int(value) if value.isdigit() else value
     return out
+
+
+def add_engine_option(ap: Any, purpose: str) -> None:
+    """The benches' one `--engine-option KEY=VALUE` (repeatable; read with engine_options): a FastGenerator option
+    switched for one run, `purpose` saying what for in the bench's help."""
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help=f"a FastGenerator option, {purpose}; repeatable")

@@ -232,10 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a FastGenerator option, to find which part of the engine a divergence comes from: "
-                         "merge_lora=false (decode through the PEFT modules, as the training model does), "
-                         "gqa_attention=false (transformers' sdpa), compile=false; repeatable")
+    common.add_engine_option(ap, "to find which part of the engine a divergence comes from: merge_lora=false "
+                                 "(decode through the PEFT modules, as the training model does), gqa_attention=false "
+                                 "(transformers' sdpa), compile=false")
     a = ap.parse_args(argv)
     options = common.engine_options(a.engine_option)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -205,10 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="2,4" if common.SMOKE else "8,64", help="sequences per generate call")
     ap.add_argument("--new-tokens", type=int, default=16 if common.SMOKE else 512)
     ap.add_argument("--reps", type=int, default=2 if common.SMOKE else 3, help="timed generate calls per batch")
-    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a FastGenerator option for an A/B in the same lease, e.g. "
-                         "compile_mode=max-autotune-no-cudagraphs (inductor's Triton GEMM templates against cuBLAS "
-                         "at M = batch rows); repeatable; recorded in the results")
+    common.add_engine_option(ap, "for an A/B in the same lease, recorded in the results: e.g. "
+                                 "compile_mode=max-autotune-no-cudagraphs (inductor's Triton GEMM templates against "
+                                 "cuBLAS at M = batch rows)")
     a = ap.parse_args(argv)
     options = common.engine_options(a.engine_option)
     import torch
