@@ -220,7 +220,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     config = trainer_config(recipe, loaded, run_dir / "checkpoints")
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
     from rlstack.core.pkgnames import installed_versions
-    from rlstack.payload.train.compat import truncation_mask_applies
+    from rlstack.payload.train.compat import ZOO_HONOURS_TRUNCATION_MASK, truncation_mask_applies
 
     # whether truncated completions really leave the loss (unsloth_zoo 2026.6.1's loss ignores the mask): each
     # metrics row records it, so a step with an empty loss can be told from a broken backward pass
@@ -229,7 +229,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     if recipe.grpo.mask_truncated_completions and not masks:
         print(f"rlstack train: grpo.mask_truncated_completions = true has no effect here: unsloth_zoo {zoo}'s GRPO "
               "loss rebuilds the completion mask and keeps truncated completions (it honours the mask from "
-              "unsloth_zoo 2026.10.6)", file=sys.stderr)
+              f"unsloth_zoo {ZOO_HONOURS_TRUNCATION_MASK})", file=sys.stderr)
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step,
                                      mask_truncated=masks)
     if checkpoint is not None:
