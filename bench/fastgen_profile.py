@@ -11,15 +11,18 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
   wall        generate() per new token: the whole decode loop as GRPO's rollout sees it
   replay      one replay of fastgen's captured CUDA graph: the decode step's GPU work, nothing else
   loop        wall - replay: sampling plus the Python loop between replays (sampled apart: `sampling`)
-  gemm        every projection of the model timed alone at M = batch rows (x @ W.T, bf16, cuBLAS), summed over
-              one step, each shape's bytes/s against the measured copy bandwidth: what skinny GEMMs cost
-  attention   fastgen's decode attention over the static cache at its bucketed length, and at the average
-              filled length (what padded cache reads cost), summed over the layers
+  gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
+              CUDA graph of its launches in a step (a distinct weight per layer), summed; each shape's bytes/s
+              against the measured copy bandwidth: what skinny GEMMs cost
+  attention   fastgen's decode attention, compiled, all layers as one graph, over the static cache at its
+              bucketed length and at the average filled length (what padded cache reads cost)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
   kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none)
 
-The parts are timed alone, so they do not add up exactly (caches are warm in a microbenchmark, cold in the
-step); the split says which part to work on, not to the microsecond. Nothing here changes fastgen: it reads
+The parts are timed alone, so they do not add up exactly (a part replayed alone keeps more in L2 than the step
+does); the split says which part to work on, not to the microsecond. The parts are graph replays since the
+second run: the first (2026-12-04, bench/results/sm90/fastgen_profile-percall-20261204.json) timed each eager
+call alone and measured launches (`graph_ms`). Nothing here changes fastgen: it reads
 the engine's captured graph after a normal generate() call.
 
     bash bench/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
@@ -59,44 +62,82 @@ def median_ms(fn: Any, reps: int = 20) -> float:
     return statistics.median(common.cuda_time(fn, warmup=3, reps=reps)) * 1e3
 
 
+def graph_ms(body: Any, reps: int = 20) -> float:
+    """ms per run of ``body()`` as a captured CUDA graph replays it: its kernels back to back with no Python
+    launch between them, as in fastgen's decode step. Why not one event pair around each eager call: the first
+    run of this bench (2026-12-04, H200) timed every projection alone that way and read ~28 us for a 5 MB GEMM
+    (~1.5 us of bytes) and 172 us for one layer's attention: the launches, not the kernels (gemm + attention
+    came to 14 ms against a 4.3 ms replay). On the CPU: body()'s wall time."""
+    import torch
+
+    if common.DEVICE != "cuda":
+        return median_ms(body, reps)
+    body()  # compiles, where body holds a compiled function, outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph's docs ask
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return statistics.median(common.cuda_time(graph.replay, warmup=2, reps=reps)) * 1e3
+
+
 def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
-    """Each projection alone at M = batch rows; bytes moved = the weight (N x K bf16) plus the activations."""
+    """Every projection of one step at M = batch rows, each kind as one graph of its launches per step (36 layers,
+    a distinct weight per layer as in the model, so no weight is served from L2 twice); bytes moved = the weights
+    plus the activations."""
     import torch
 
     dev, dt = common.DEVICE, torch.bfloat16
     shapes, total, parts = projection_shapes(cfg), 0.0, {}
     for name, (n_out, k_in, count) in shapes.items():
-        w = torch.randn(n_out, k_in, device=dev, dtype=dt)
+        w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
         x = torch.randn(batch, k_in, device=dev, dtype=dt)
-        ms = median_ms(lambda w=w, x=x: x @ w.t())
-        moved = (n_out * k_in + batch * (k_in + n_out)) * 2
+        y = torch.empty(batch, n_out, device=dev, dtype=dt)
+
+        def body(w: Any = w, x: Any = x, y: Any = y, count: int = count) -> None:
+            for i in range(count):
+                torch.matmul(x, w[i].t(), out=y)
+
+        ms = graph_ms(body)
+        moved = count * (n_out * k_in + batch * (k_in + n_out)) * 2
         parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(ms, 5),
                        "bandwidth_fraction": round(moved / (ms / 1e3) / bandwidth, 3)}
-        total += ms * count
-        del w, x
+        total += ms
+        del w, x, y
     weights = sum((n * k * c) * 2 for n, k, c in shapes.values())
     return {"ms": total, "parts": parts, "bandwidth_fraction": weights / (total / 1e3) / bandwidth}
 
 
 def time_attention(cfg: Any, batch: int, length: int) -> float:
     """fastgen's decode attention (one query token, grouped matmuls over a static cache of `length` slots) for
-    every layer of one step, in ms."""
+    every layer of one step, in ms: compiled as fastgen's step compiles it (inductor fuses the scale, mask and
+    softmax) and replayed as one graph of all layers, each layer reading its own cache."""
     import torch
 
     from rlstack.payload.fastgen.engine import gqa_decode_attention
 
     dev, dt = common.DEVICE, torch.bfloat16
-    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    nh, nkv, hd, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
     q = torch.randn(batch, nh, 1, hd, device=dev, dtype=dt)
-    k = torch.randn(batch, nkv, length, hd, device=dev, dtype=dt)
-    v = torch.randn(batch, nkv, length, hd, device=dev, dtype=dt)
+    k = torch.randn(layers, batch, nkv, length, hd, device=dev, dtype=dt)
+    v = torch.randn(layers, batch, nkv, length, hd, device=dev, dtype=dt)
     mask = torch.ones(batch, 1, 1, length, device=dev, dtype=torch.bool)
-    ms = median_ms(lambda: gqa_decode_attention(None, q, k, v, mask))
-    return ms * cfg.num_hidden_layers
+    attn = torch.compile(gqa_decode_attention, dynamic=False) if dev == "cuda" else gqa_decode_attention
+
+    def body() -> None:
+        for i in range(layers):
+            attn(None, q, k[i], v[i], mask)
+
+    return graph_ms(body)  # the caches (7 GB at 64 x 768) go with this frame
 
 
 def time_sampling(cfg: Any, batch: int, sampling: Any) -> float:
-    """fastgen's sampling of one step (the recipe's warpers on float32 logits over the whole vocabulary)."""
+    """fastgen's sampling of one step (the recipe's warpers on float32 logits over the whole vocabulary), eager and
+    call by call: that is how fastgen runs it, between two replays, launches included."""
     import torch
 
     from rlstack.payload.fastgen.engine import sample_next

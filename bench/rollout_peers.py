@@ -523,6 +523,16 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def batches_measured(rows: list[dict[str, Any]]) -> str:
+    """Per engine (and loader/quant where it has several), the batches with a measurement: an engine timed at 8
+    only (the eager ones by design, one cut by the lease) must not read as measured at 64."""
+    seen: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("tokens_per_s"):
+            seen.setdefault(f"{r['engine']} ({r.get('loader')}, {r.get('quant')})", []).append(str(r["batch"]))
+    return ", ".join(f"{k} {'/'.join(v)}" for k, v in seen.items())
+
+
 def cmd_merge(a: argparse.Namespace) -> int:
     rows, metas = load_rows([Path(p) for p in a.paths])
     if not rows:
@@ -532,12 +542,21 @@ def cmd_merge(a: argparse.Namespace) -> int:
     if run_id is None:
         raise SystemExit(f"rows of several run ids {run_ids}: pick one with --run-id (one lease, one comparison)")
     rows = [r for r in rows if r["run_id"] == run_id]
+    for r in rows:
+        if r.get("loader") == "vllm":
+            # vLLM allocates in its EngineCore process: this process's torch counter read 0 there, which says
+            # nothing about vLLM's memory (its share is the row's vllm_gpu_memory_utilization)
+            r["peak_gib"] = None
     have = {r["engine"] for r in rows if r.get("tokens_per_s")}
     missing = [e for e in ENGINES if e not in have]
     order = {e: i for i, e in enumerate(ENGINES)}
     rows.sort(key=lambda r: (order.get(r["engine"], 99), str(r.get("loader")), str(r.get("quant")), r.get("batch", 0)))
     goals = targets(rows)
-    data = {**common.header(), "run_id": run_id, "engine_files": metas, "missing_engines": missing,
+    # the machine and date of the measurement are the engine files' (merge itself runs on the host)
+    measured = [m for m in metas if m.get("gpu")]
+    header = {**common.header(), "gpu": measured[0]["gpu"] if measured else None,
+              "date": max((str(m["date"]) for m in measured if m.get("date")), default=None)}
+    data = {**header, "run_id": run_id, "engine_files": metas, "missing_engines": missing,
             "targets": goals, "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": TOP_K, "fixed_length": True}}
 
     def outcome(g: dict[str, Any]) -> str:
@@ -549,7 +568,8 @@ def cmd_merge(a: argparse.Namespace) -> int:
              f"bandwidth (vllm-fp8 reads half the weight bytes: its fraction is against the bf16 floor); prompts of "
              f"{'/'.join(map(str, PROMPT_LENS))} "
              f"tokens x {NUM_GENERATIONS} generations; T=1, top_p 1, top_k {TOP_K}. Engines without a measurement: "
-             f"{', '.join(missing) or 'none'}. Targets: " + "; ".join(outcome(g) for g in goals))
+             f"{', '.join(missing) or 'none'}; measured at: {batches_measured(rows)}. Targets: "
+             + "; ".join(outcome(g) for g in goals) + ("" if not a.note else " " + " ".join(a.note)))
     common.write_results("rollout_peers", data, rows, COLUMNS, notes)
     return 0
 
@@ -585,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("merge", help="join the engine files of one run id into bench/results/rollout_peers")
     p.add_argument("paths", nargs="+")
     p.add_argument("--run-id", default="")
+    p.add_argument("--note", action="append", default=[], help="a sentence for the table's notes (repeatable)")
     a = ap.parse_args(argv)
     return {"prepare": cmd_prepare, "run": cmd_run, "one": cmd_one, "merge": cmd_merge}[a.cmd](a)
 
