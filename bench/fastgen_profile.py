@@ -9,8 +9,11 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
 8 prompts of 150-210 tokens, left-padded to 210):
 
   wall        generate() per new token: the whole decode loop as GRPO's rollout sees it
-  replay      one replay of fastgen's captured CUDA graph: the decode step's GPU work, nothing else
-  loop        wall - replay: sampling plus the Python loop between replays (sampled apart: `sampling`)
+  replay      one replay of fastgen's captured CUDA graph of the decode step alone: its GPU work, nothing else
+  replay_fused  the graph the loop replays when the pick is captured with the step (sample_in_graph): step,
+              sampling, EOS bookkeeping, the next step's inputs (pick_in_graph_ms = the difference)
+  loop        wall - the replayed graph: what runs between replays (with the pick outside the graph, sampling:
+              `sampling`, timed apart as the eager calls it is)
   gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
               CUDA graph of its launches in a step (a distinct weight per layer), summed; each shape's bytes/s
               against the measured copy bandwidth: what skinny GEMMs cost
@@ -44,8 +47,8 @@ import common
 import rollout_generation as rg
 
 PROMPT_LENS = (150, 170, 190, 210)
-COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "loop_ms", "sampling_ms", "gemm_ms",
-           "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms", "rest_ms", "kernels_per_step",
+COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "loop_ms", "sampling_ms",
+           "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms", "rest_ms", "kernels_per_step",
            "floor_ms", "fraction_of_floor"]
 
 
@@ -146,23 +149,35 @@ def time_sampling(cfg: Any, batch: int, sampling: Any) -> float:
     return median_ms(lambda: sample_next(logits, sampling, 100))
 
 
-def rewind(lengths: list[Any], start: int) -> None:
-    """Set the static cache's write position back (transformers 5 keeps it in each layer's cumulative_length and
-    every replay of the captured step advances it by one; 4.x writes at the graph's fixed slot input instead)."""
-    for t in lengths:
-        t.fill_(start)
+def rewinder(eng: Any, batch: int, cache_len: int, start: int) -> Any:
+    """A function that sets the engine back to where a decode step of this shape can replay again: the static
+    cache's write position (transformers 5 keeps it in each layer's cumulative_length and every replay advances
+    it by one; 4.x writes at the loop's slot instead) and the decode loop's state (token index, position, slot),
+    as they stood after the prompt, so no replay writes past the cache or the loop's token buffer."""
+    lengths = eng._lengths(eng._caches[(batch, cache_len)][0])
+    loop = eng._loops[(batch, cache_len)]
+    offset = loop.pos - loop.slot  # each row's position minus its cache slot: constant along a generate
+
+    def rewind() -> None:
+        for t in lengths:
+            t.fill_(start)
+        loop.k.fill_(1)
+        loop.pos.copy_(offset + start)
+        loop.slot.fill_(start)
+
+    return rewind
 
 
-def time_replays(graph: Any, lengths: list[Any], start: int, room: int, chunks: int = 5) -> float:
-    """ms per replay of the captured decode step, in chunks of at most `room` replays with the write position set
-    back before each (outside the timed region), so no replay writes past the static cache: at 64 sequences the
-    cache has 47 free slots after a 512-token generate (prompts of 210, 768 slots)."""
+def time_replays(graph: Any, rewind: Any, room: int, chunks: int = 5) -> float:
+    """ms per replay of a captured graph, in chunks of at most `room` replays with the engine rewound before each
+    (outside the timed region), so no replay writes past the static cache: at 64 sequences the cache has 47 free
+    slots after a 512-token generate (prompts of 210, 768 slots)."""
     import torch
 
     per_chunk = max(1, min(room, 32))
     times = []
     for _ in range(chunks + 1):  # the first chunk warms up
-        rewind(lengths, start)
+        rewind()
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -174,13 +189,13 @@ def time_replays(graph: Any, lengths: list[Any], start: int, room: int, chunks: 
     return statistics.median(times[1:])
 
 
-def kernels_per_replay(graph: Any, lengths: list[Any], start: int, reps: int = 3) -> int | None:
+def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> int | None:
     """CUDA kernels the profiler records over `reps` replays, per replay (None when it records none: a
     profiler build that does not trace kernels inside graphs)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    rewind(lengths, start)
+    rewind()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -212,17 +227,27 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
                            "graph_error": eng.graph_error}
     entry = eng._graphs.get((batch, cache_len)) if cache_len else None
+    fused = eng._fused.get((batch, cache_len, sampling)) if cache_len else None
     if entry is not None and cache_len:
-        graph, lengths = entry[0], eng._lengths(eng._caches[(batch, cache_len)][0])
+        rewind = rewinder(eng, batch, cache_len, prompt_len)
         room = cache_len - prompt_len - 1  # replays from the first decode slot on, staying inside the cache
-        row["replay_ms"] = round(time_replays(graph, lengths, prompt_len, room), 4)
-        row["loop_ms"] = round(wall - row["replay_ms"], 4)
+        row["replay_ms"] = round(time_replays(entry[0], rewind, room), 4)
+        used = row["replay_ms"]
+        if fused is not None:  # the graph the loop replays: the step and the pick (sample_in_graph)
+            row["replay_fused_ms"] = round(time_replays(fused, rewind, room), 4)
+            row["pick_in_graph_ms"] = round(row["replay_fused_ms"] - row["replay_ms"], 4)
+            used = row["replay_fused_ms"]
+        row["loop_ms"] = round(wall - used, 4)
         try:
-            row["kernels_per_step"] = kernels_per_replay(graph, lengths, prompt_len, min(3, room))
+            row["kernels_per_step"] = kernels_per_replay(entry[0], rewind, min(3, room))
+            if fused is not None:
+                row["kernels_per_fused_step"] = kernels_per_replay(fused, rewind, min(3, room))
         except Exception as exc:  # the profiler is optional evidence, the timings are not
             row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rewind()
     else:
         row["replay_note"] = "no captured graph (CPU, or capture failed: graph_error)"
+    row["fused_error"] = eng.fused_error
     row["sampling_ms"] = round(time_sampling(cfg, batch, sampling), 4)
     gemm = time_gemms(cfg, batch, ceil["copy_bandwidth_Bps"])
     row["gemm_ms"] = round(gemm["ms"], 4)

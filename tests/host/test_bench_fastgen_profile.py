@@ -52,10 +52,10 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
 
 
-def test_rewind_finds_the_write_positions_a_replay_advances(profile: ModuleType) -> None:
-    """Under transformers 5 the static cache keeps its write position per layer (what every replay of the captured
-    step advances): after a generate they stand past the prompt, and rewind sets them back, so the profile's
-    replays stay inside the cache."""
+def test_rewind_sets_back_what_a_replay_advances(profile: ModuleType) -> None:
+    """A replay advances the static cache's write position (transformers 5 keeps it per layer) and the decode
+    loop's state (token index, position, slot): after a generate they stand past the prompt, and the rewinder sets
+    them back to the first decode step, so the profile's replays stay inside the cache and the token buffer."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -70,8 +70,10 @@ def test_rewind_finds_the_write_positions_a_replay_advances(profile: ModuleType)
     eng.generate(ids, torch.ones_like(ids), 6, fastgen.Sampling(do_sample=False))
     (key,) = eng._caches
     lengths = eng._lengths(eng._caches[key][0])
-    if not lengths:
-        pytest.skip("this transformers writes at the graph's slot input: nothing to rewind")
-    assert len(lengths) == cfg.num_hidden_layers and all(int(t) > 5 for t in lengths)
-    profile.rewind(lengths, 5)
-    assert all(int(t) == 5 for t in lengths)
+    loop = eng._loops[key]
+    assert int(loop.k) == 6 and int(loop.slot) == 5 + 5  # the loop's state ran along: six picks after the prompt
+    rewind = profile.rewinder(eng, *key, 5)
+    rewind()
+    assert int(loop.k) == 1 and int(loop.slot) == 5 and torch.equal(loop.pos, torch.full((2, 1), 5))
+    if lengths:  # transformers 5: the write position lives in each layer (4.x writes at the loop's slot)
+        assert len(lengths) == cfg.num_hidden_layers and all(int(t) == 5 for t in lengths)

@@ -141,6 +141,35 @@ def test_eos_stops_and_pads_like_generate() -> None:
     assert torch.equal(ref, got)
 
 
+def test_min_new_tokens_masks_eos_like_generate_then_lets_it_stop() -> None:
+    """EOS is every row's first greedy choice: generate masks it for min_new_tokens steps and then stops; fastgen's
+    mask takes the step as a device tensor (what a CUDA graph holds), and must agree with it step for step."""
+    model = _tiny(6)
+    ids, mask = _prompts(6)
+    first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    eos = int(first[0, 9])
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=eos, min_new_tokens=4)
+    ref = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    got = fastgen.generate(model, ids, mask, compile=False, **kw)
+    assert torch.equal(ref, got)
+    assert int(got[0, 9 + 4 - 1]) != eos  # masked up to the fourth token
+
+
+def test_the_device_tensor_eos_mask_equals_the_step_by_step_one() -> None:
+    from rlstack.payload.fastgen.engine import Sampling, _mask_eos_before_min
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
+    sampling = Sampling(eos_token_ids=(7, 11), min_new_tokens=3)
+    eos = torch.tensor([7, 11])
+    for step in range(6):
+        want = logits.clone()
+        if step < 3:
+            want[:, [7, 11]] = float("-inf")
+        got = _mask_eos_before_min(logits, sampling, torch.tensor([step]), eos)
+        assert torch.equal(got, want), step
+    assert _mask_eos_before_min(logits, Sampling(eos_token_ids=(7,)), torch.tensor([0]), eos) is logits
+
+
 def test_unsupported_options_fall_back_to_generate() -> None:
     model = _tiny(7)
     ids, mask = _prompts(7)

@@ -90,3 +90,19 @@ def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
             for r, g in zip(ref, got, strict=True)]
     # bf16 eager vs a compiled graph may split a rare near-tie; real weights leave few of those.
     assert sum(same) >= 7, [tok.decode(g[p:], skip_special_tokens=True) for g in got]
+
+
+def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -> None:
+    """sample_in_graph captures the pick (warpers, EOS bookkeeping, next inputs) with the decode step: greedy, with
+    an EOS that min_new_tokens must hold back, both ways give the same tokens, and the fused graph is the one used."""
+    model = _model()
+    ids, mask = _inputs()
+    first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=int(first[1, 20]), min_new_tokens=5)
+    got = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
+    eng = fastgen.get_engine(model)
+    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
+    fastgen.release(model)
+    apart = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=False, **kw)
+    assert not fastgen.get_engine(model)._fused
+    assert torch.equal(got, apart)
