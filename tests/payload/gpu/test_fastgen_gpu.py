@@ -106,3 +106,20 @@ def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -
     apart = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=False, **kw)
     assert not fastgen.get_engine(model)._fused
     assert torch.equal(got, apart)
+
+
+def test_sampling_inside_the_graph_draws_new_numbers_every_replay() -> None:
+    """A captured graph replays its kernels with the random offsets advanced per replay (torch registers the
+    default CUDA generator with the capture): eight copies of one prompt must not come out as one sequence, and
+    every token must be one the top-k warper allows."""
+    model = _model()
+    ids, mask = _inputs()
+    ids, mask = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
+    torch.manual_seed(0)
+    got = fastgen.generate(model, ids, mask, 32, compile=True, do_sample=True, temperature=1.5, top_k=20,
+                           pad_token_id=0)
+    eng = fastgen.get_engine(model)
+    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
+    new = got[:, 20:]
+    assert len({tuple(r.tolist()) for r in new}) == 8  # eight different completions
+    assert len({tuple(new[:, k].tolist()) for k in range(32)}) > 16  # and no step repeats the one before
