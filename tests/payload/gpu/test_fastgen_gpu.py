@@ -111,7 +111,7 @@ def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -
 def test_sampling_inside_the_graph_draws_new_numbers_every_replay() -> None:
     """A captured graph replays its kernels with the random offsets advanced per replay (torch registers the
     default CUDA generator with the capture): eight copies of one prompt must not come out as one sequence, and
-    every token must be one the top-k warper allows."""
+    the columns of successive steps must not repeat (numbers frozen at capture would give one column, repeated)."""
     model = _model()
     ids, mask = _inputs()
     ids, mask = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
