@@ -47,9 +47,9 @@ import common
 import rollout_generation as rg
 
 PROMPT_LENS = (150, 170, 190, 210)
-COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "loop_ms", "sampling_ms",
-           "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms", "rest_ms", "kernels_per_step",
-           "floor_ms", "fraction_of_floor"]
+COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
+           "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
+           "rest_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor", "fused_error"]
 
 
 def projection_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
@@ -138,15 +138,29 @@ def time_attention(cfg: Any, batch: int, length: int) -> float:
     return graph_ms(body)  # the caches (7 GB at 64 x 768) go with this frame
 
 
-def time_sampling(cfg: Any, batch: int, sampling: Any) -> float:
-    """fastgen's sampling of one step (the recipe's warpers on float32 logits over the whole vocabulary), eager and
-    call by call: that is how fastgen runs it, between two replays, launches included."""
+def time_sampling(eng: Any, cfg: Any, batch: int, cache_len: int, sampling: Any) -> float:
+    """fastgen's pick of one step (the recipe's warpers on float32 logits over the whole vocabulary, the draw,
+    EOS bookkeeping, the next inputs), eager and call by call, launches included: what the loop runs between
+    two replays where the pick is not in the graph (sample_in_graph off, or its capture failed). On a scratch
+    loop state, so the engine's own stays as the run left it."""
     import torch
 
-    from rlstack.payload.fastgen.engine import sample_next
+    from rlstack.payload.fastgen.engine import _Loop
 
+    def longs(*shape: int) -> Any:
+        return torch.zeros(shape, dtype=torch.long, device=common.DEVICE)
+
+    flags = [torch.zeros(batch, dtype=torch.bool, device=common.DEVICE) for _ in range(2)]
+    loop = _Loop(tok=longs(batch, 1), pos=longs(batch, 1), slot=longs(1), k=longs(1), tokens=longs(batch, cache_len),
+                 unfinished=~flags[0], invalid=flags[1])
     logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
-    return median_ms(lambda: sample_next(logits, sampling, 100))
+    eos = eng._eos_tensor(sampling.eos_token_ids)
+
+    def pick() -> None:
+        loop.k.fill_(100)  # inside the token buffer whatever the number of calls
+        eng._pick(logits, loop, sampling, eos)
+
+    return median_ms(pick)
 
 
 def rewinder(eng: Any, batch: int, cache_len: int, start: int) -> Any:
@@ -248,7 +262,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     else:
         row["replay_note"] = "no captured graph (CPU, or capture failed: graph_error)"
     row["fused_error"] = eng.fused_error
-    row["sampling_ms"] = round(time_sampling(cfg, batch, sampling), 4)
+    row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     gemm = time_gemms(cfg, batch, ceil["copy_bandwidth_Bps"])
     row["gemm_ms"] = round(gemm["ms"], 4)
     row["gemm_bandwidth_fraction"] = round(gemm["bandwidth_fraction"], 3)

@@ -553,10 +553,11 @@ def cmd_merge(a: argparse.Namespace) -> int:
     order = {e: i for i, e in enumerate(ENGINES)}
     rows.sort(key=lambda r: (order.get(r["engine"], 99), str(r.get("loader")), str(r.get("quant")), r.get("batch", 0)))
     goals = targets(rows)
-    # the machine and date of the measurement are the engine files' (merge itself runs on the host)
-    measured = [m for m in metas if m.get("gpu")]
-    header = {**common.header(), "gpu": measured[0]["gpu"] if measured else None,
-              "date": max((str(m["date"]) for m in measured if m.get("date")), default=None)}
+    # the machine and the date are the engine files' (merge runs on the host, whose versions say nothing: each
+    # engine file keeps its stack's in engine_files); the GPU from a file measured on one
+    measured = [m for m in metas if (m.get("gpu") or {}).get("cuda")] or metas
+    header = {"date": max((str(m["date"]) for m in measured if m.get("date")), default=None),
+              "gpu": measured[0].get("gpu") if measured else None, "merged": {"date": common.now(), "argv": sys.argv}}
     data = {**header, "run_id": run_id, "engine_files": metas, "missing_engines": missing,
             "targets": goals, "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": TOP_K, "fixed_length": True}}
 

@@ -170,6 +170,17 @@ def test_the_device_tensor_eos_mask_equals_the_step_by_step_one() -> None:
     assert _mask_eos_before_min(logits, Sampling(eos_token_ids=(7,)), torch.tensor([0]), eos) is logits
 
 
+def test_logits_that_are_not_a_distribution_raise_like_generate() -> None:
+    """multinomial refuses NaN probabilities; fastgen's draw has no host check inside the loop (a CUDA graph
+    cannot hold one), so it marks the row and raises once at the end, naming it (the hook then falls back)."""
+    model = _tiny(8)
+    ids, mask = _prompts(8)
+    with torch.no_grad():
+        model.lm_head.weight[3].fill_(float("nan"))  # tied: token 3's embedding and its logit
+    with pytest.raises(fastgen.FastgenError, match="not a distribution"):
+        fastgen.generate(model, ids, mask, 4, do_sample=True, pad_token_id=0, compile=False)
+
+
 def test_unsupported_options_fall_back_to_generate() -> None:
     model = _tiny(7)
     ids, mask = _prompts(7)

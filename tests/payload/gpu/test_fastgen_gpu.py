@@ -123,3 +123,21 @@ def test_sampling_inside_the_graph_draws_new_numbers_every_replay() -> None:
     new = got[:, 20:]
     assert len({tuple(r.tolist()) for r in new}) == 8  # eight different completions
     assert len({tuple(new[:, k].tolist()) for k in range(32)}) > 16  # and no step repeats the one before
+
+
+@pytest.mark.parametrize("warpers", [dict(top_k=20), dict(top_p=0.9, min_p=0.05, temperature=0.8)])
+def test_sampled_tokens_inside_the_graph_equal_the_picks_between_replays(warpers) -> None:
+    """Same seed, same first call: the pick inside the graph draws what the eager pick draws (the replays advance
+    the generator as the eager calls do, and the warm-ups before capture give their draws back), through every
+    warper fastgen implements (top-p sorts and scatters, min-p reduces: each must be capturable)."""
+    model = _model()
+    ids, mask = _inputs()
+    kw = dict(do_sample=True, pad_token_id=0, **warpers)
+    torch.manual_seed(3)
+    got = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
+    eng = fastgen.get_engine(model)
+    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
+    fastgen.release(model)
+    torch.manual_seed(3)
+    apart = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=False, **kw)
+    assert torch.equal(got, apart)

@@ -161,10 +161,14 @@ def sampling_from_resolved(gc: Any) -> tuple[Sampling, int]:
 def sample_next(logits: Any, sampling: Sampling, step: int, generator: Any = None) -> Any:
     """Pick the next token per row from float32 logits [B, V], mirroring transformers' processors and warpers:
     MinNewTokens (EOS masked while step < min_new_tokens), then Temperature, TopK, TopP, MinP, then multinomial."""
+    import torch
+
     if sampling.eos_token_ids and step < sampling.min_new_tokens:
         logits = logits.clone()
         logits[:, list(sampling.eos_token_ids)] = -math.inf
-    return _warp_and_sample(logits, sampling, generator)
+    if not sampling.do_sample:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(_warp(logits, sampling), num_samples=1, generator=generator).squeeze(1)
 
 
 def _mask_eos_before_min(logits: Any, sampling: Sampling, step: Any, eos: Any) -> Any:
@@ -181,12 +185,10 @@ def _mask_eos_before_min(logits: Any, sampling: Sampling, step: Any, eos: Any) -
     return logits
 
 
-def _warp_and_sample(logits: Any, sampling: Sampling, generator: Any = None) -> Any:
-    """Temperature, TopK, TopP, MinP, then multinomial (argmax when not sampling): sample_next after MinNewTokens."""
+def _warp(logits: Any, sampling: Sampling) -> Any:
+    """Temperature, TopK, TopP, MinP, then softmax: the sampling distribution (sample_next after MinNewTokens)."""
     import torch
 
-    if not sampling.do_sample:
-        return logits.argmax(dim=-1)
     if sampling.temperature != 1.0:
         logits = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
@@ -203,11 +205,18 @@ def _warp_and_sample(logits: Any, sampling: Sampling, generator: Any = None) -> 
         probs = logits.softmax(dim=-1)
         top = probs.amax(dim=-1, keepdim=True)
         logits = logits.masked_fill(probs < sampling.min_p * top, -math.inf)
-    probs = logits.softmax(dim=-1)
-    # torch.multinomial(probs, 1) without its input checks: for one sample it draws q ~ Exp(1) and takes
-    # argmax(probs / q) (aten Distributions.cpp), after two host syncs that validate probs, and a sync cannot
-    # be captured in a CUDA graph. Same draws from the same generator: the same tokens (tests compare with
-    # transformers' generate, which calls multinomial). NaN logits pick an arbitrary token instead of raising.
+    return logits.softmax(dim=-1)
+
+
+def _draw(probs: Any, generator: Any, invalid: Any) -> Any:
+    """torch.multinomial(probs, 1) as aten computes it for one sample: q ~ Exp(1), then argmax(probs / q) (the
+    same draws from the same generator, so the same tokens as transformers' generate; the CPU tests compare).
+    What it leaves out are multinomial's input checks, two host syncs that a CUDA graph cannot hold: rows whose
+    probabilities are not a distribution (NaN or inf logits) are marked in ``invalid`` instead, which the caller
+    checks once per generate."""
+    import torch
+
+    invalid.logical_or_(~(probs.sum(dim=-1) > 0))
     q = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / q).argmax(dim=-1)
 
@@ -661,9 +670,10 @@ class _Loop:
     k: Any  # [1]
     tokens: Any  # [B, cache length]
     unfinished: Any  # [B] bool
+    invalid: Any  # [B] bool: a row sampled from probabilities that were not a distribution (see _draw)
 
     def tensors(self) -> list[Any]:
-        return [self.tok, self.pos, self.slot, self.k, self.tokens, self.unfinished]
+        return [self.tok, self.pos, self.slot, self.k, self.tokens, self.unfinished, self.invalid]
 
 
 class FastGenerator:
@@ -839,6 +849,7 @@ class FastGenerator:
 
         state = self._lengths(cache) + loop.tensors()
         snap = [t.clone() for t in state]
+        rng = torch.cuda.get_rng_state(self.device)  # a fused warm-up samples: its draws are given back
 
         def restore() -> None:
             for cur, old in zip(state, snap, strict=True):
@@ -864,6 +875,7 @@ class FastGenerator:
         finally:
             torch.cuda.synchronize()
             restore()
+            torch.cuda.set_rng_state(rng, self.device)
 
     def _captured(self, key: tuple[int, int], cache: Any, mask: Any, loop: _Loop) -> Any:
         """(graph, logits) of one decode step alone for this cache, reading the loop's token, position and
@@ -906,9 +918,8 @@ class FastGenerator:
                 self.fused_error = f"{type(exc).__name__}: {exc}"[:500]
                 import logging
 
-                logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph, sampling "
-                                                    "between replays: %s", self.fused_error)
-                self.sample_in_graph = False
+                logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph of (%d, %d), "
+                                                    "sampling between replays: %s", *key, self.fused_error)
         self._fused[fkey] = graph
         return graph
 
@@ -933,7 +944,8 @@ class FastGenerator:
 
             self._loops[key] = _Loop(tok=longs(batch, 1), pos=longs(batch, 1), slot=longs(1), k=longs(1),
                                      tokens=longs(batch, length),
-                                     unfinished=torch.ones((batch,), dtype=torch.bool, device=self.device))
+                                     unfinished=torch.ones((batch,), dtype=torch.bool, device=self.device),
+                                     invalid=torch.zeros((batch,), dtype=torch.bool, device=self.device))
         return self._loops[key]
 
     @staticmethod
@@ -942,10 +954,12 @@ class FastGenerator:
         device (no host sync: a CUDA graph can hold it): a finished row gets the pad token, as generate does."""
         import torch
 
-        tok = _warp_and_sample(_mask_eos_before_min(logits, sampling, loop.k, eos), sampling, generator)
+        logits = _mask_eos_before_min(logits, sampling, loop.k, eos)
+        tok = _draw(_warp(logits, sampling), generator, loop.invalid) if sampling.do_sample else logits.argmax(-1)
         if eos is not None:
             tok = torch.where(loop.unfinished, tok, torch.full_like(tok, sampling.pad_token_id))
-            loop.unfinished.logical_and_(~torch.isin(tok, eos))
+            # not torch.isin: with more EOS ids than ~10 * B^0.145 it sorts through a host sync
+            loop.unfinished.logical_and_(~(tok[:, None] == eos).any(dim=-1))
         loop.tokens.index_copy_(1, loop.k, tok[:, None])
         loop.tok.copy_(tok[:, None])
         loop.pos.add_(1)
@@ -1033,6 +1047,7 @@ class FastGenerator:
         loop.k.zero_()
         loop.tokens.fill_(sampling.pad_token_id)
         loop.unfinished.fill_(True)
+        loop.invalid.fill_(False)
         eos = self._eos_tensor(sampling.eos_token_ids)
         if on_logits is not None:
             on_logits(0, logits)
@@ -1062,6 +1077,10 @@ class FastGenerator:
             if eos is not None and k % 16 == 15 and k < max_new_tokens - 1 and not bool(loop.unfinished.any()):
                 steps_done = k + 1
                 break
+        if sampling.do_sample and bool(loop.invalid.any()):
+            raise FastgenError("fastgen: the sampling probabilities were not a distribution (NaN or inf logits) "
+                               f"in rows {loop.invalid.nonzero().flatten().tolist()}",
+                               "transformers' generate raises the same on such logits: check the model's dtype")
         tokens = loop.tokens[:, :steps_done].clone()
         if eos is not None and steps_done > 0:
             # like generate: stop at the step where the last row finished
