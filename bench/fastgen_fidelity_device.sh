@@ -62,11 +62,15 @@ case "$cmd" in
     cp bench/results/fastgen_profile.json bench/results/fastgen_profile.md "$OUT/" 2>/dev/null
     exit "$rc" ;;
   profile-bg)
-    P=$STASH/profile; rm -rf "$P"; mkdir -p "$P/out"
+    P=$STASH/profile; rm -rf "$P"; mkdir -p "$P/out" "$P/tree"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       "$DIR"/p2/whl/*.whl || exit 1
+    # from its own copy of the tree (the device tool refreshes the working tree at every call; see native_probe.sh)
+    tar -C "$PWD" --exclude=./.stage --exclude=./.venv -cf - src bench recipes pyproject.toml | tar -C "$P/tree" -xf - \
+      || exit 1
+    cd "$P/tree" || exit 1
     # write_results copies the results under $OUT: here the job's own folder, which outlives this call
-    OUT=$P/out P=$P PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 setsid nohup bash -c \
+    OUT=$P/out P=$P PYTHONPATH=$SITE:$P/tree/src PYTHONUNBUFFERED=1 setsid nohup bash -c \
       'python3 bench/fastgen_profile.py "$@" > "$OUT/profile.log" 2>&1; echo $? > "$P/rc.tmp"; mv "$P/rc.tmp" "$P/rc"' \
       _ "$@" > /dev/null 2>&1 < /dev/null &
     echo "profile started in the background (pid $!): bash bench/fastgen_fidelity_device.sh profile-wait" ;;

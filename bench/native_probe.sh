@@ -12,7 +12,8 @@
 #   bash bench/native_probe.sh py STACK ARGS...     python3 ARGS with the stack's wheels first on the path
 #                                                   (e.g. bench/gpu_stacks.py train --stack STACK)
 #   bash bench/native_probe.sh bg STACK ARGS...     the same, detached: for a run longer than one device call (a
-#                                                   cold fp8 train took 567 s and more, the call limit is 600 s)
+#                                                   cold fp8 train took 567 s and more, the call limit is 600 s),
+#                                                   from its own copy of the tree ($STASH/bg-STACK/tree)
 #   bash bench/native_probe.sh wait STACK [S]       wait up to S s (default 560) for it; when it has ended, its exit
 #                                                   code, and what it wrote under its own $OUT copied to this $OUT
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
@@ -78,10 +79,16 @@ print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))[
       && { echo "a background job of $stack is still running: bash bench/native_probe.sh wait $stack" >&2; exit 3; }
     [ -f "$BG/rc" ] && [ ! -f "$BG/fetched" ] && ls "$BG/out" | grep -q . \
       && echo "note: the last background job's files were never fetched with wait; they are replaced now" >&2
-    rm -rf "$BG"; mkdir -p "$BG/out"
+    rm -rf "$BG"; mkdir -p "$BG/out" "$BG/tree"
+    # the job runs from its own copy of the tree: the device tool refreshes the working tree at every call,
+    # removing files for a moment, and a job that opened one then failed ("can't open file", 2026-12-04)
+    tar -C "$PWD" --exclude=./.stage --exclude=./.venv --exclude=./.git --exclude=./.mypy_cache --exclude=./.ruff_cache \
+      --exclude=./.hypothesis --exclude=./unsloth_compiled_cache -cf - . \
+      | tar -C "$BG/tree" -xf - || exit 1
     # the probe logs of this job (RLSTACK_PROBE_LOGDIR) are packed into its $OUT before the exit code is written
     rm -rf "$LOGS"; mkdir -p "$LOGS"
-    PYTHONPATH=$SITE:$PWD/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; rc=$?
+    cd "$BG/tree" || exit 1
+    PYTHONPATH=$SITE:$BG/tree/src OUT=$BG/out BG_DIR=$BG setsid nohup bash -c 'python3 "$@"; rc=$?
       [ -n "$(ls -A "$RLSTACK_PROBE_LOGDIR")" ] && tar -C "$RLSTACK_PROBE_LOGDIR" -czf "$OUT/logs.tgz" .
       echo $rc > "$BG_DIR/rc.tmp" && mv "$BG_DIR/rc.tmp" "$BG_DIR/rc"' _ "$@" \
       > "$BG/log" 2>&1 < /dev/null &
