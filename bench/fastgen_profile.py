@@ -20,6 +20,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
   attention   fastgen's decode attention, compiled, all layers as one graph, over the static cache at its
               bucketed length and at the average filled length (what padded cache reads cost)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
+  fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
+              fusing them in the shadow would save per step, measured before it is built
   kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none)
 
 The parts are timed alone, so they do not add up exactly (a part replayed alone keeps more in L2 than the step
@@ -49,7 +51,8 @@ import rollout_generation as rg
 PROMPT_LENS = (150, 170, 190, 210)
 COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
            "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
-           "rest_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor", "fused_error"]
+           "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor",
+           "fused_error"]
 
 
 def projection_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
@@ -88,15 +91,24 @@ def graph_ms(body: Any, reps: int = 20) -> float:
     return statistics.median(common.cuda_time(graph.replay, warmup=2, reps=reps)) * 1e3
 
 
+def fused_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
+    """The projections that read the same input, as one GEMM each (what vLLM runs: QKVParallelLinear,
+    MergedColumnParallelLinear): timed beside the separate ones, they say what fusing them in fastgen's shadow
+    would save before anyone writes it."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    nh, nkv, inter, n = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.num_hidden_layers
+    return {"qkv_fused": ((nh + 2 * nkv) * hd, h, n), "gate_up_fused": (2 * inter, h, n)}
+
+
 def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
     """Every projection of one step at M = batch rows, each kind as one graph of its launches per step (36 layers,
     a distinct weight per layer as in the model, so no weight is served from L2 twice); bytes moved = the weights
-    plus the activations."""
+    plus the activations. The fused shapes are timed too (``fusion_saving_ms``), outside the step's sum."""
     import torch
 
     dev, dt = common.DEVICE, torch.bfloat16
     shapes, total, parts = projection_shapes(cfg), 0.0, {}
-    for name, (n_out, k_in, count) in shapes.items():
+    for name, (n_out, k_in, count) in {**shapes, **fused_shapes(cfg)}.items():
         w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
         x = torch.randn(batch, k_in, device=dev, dtype=dt)
         y = torch.empty(batch, n_out, device=dev, dtype=dt)
@@ -109,10 +121,13 @@ def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
         moved = count * (n_out * k_in + batch * (k_in + n_out)) * 2
         parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(ms, 5),
                        "bandwidth_fraction": round(moved / (ms / 1e3) / bandwidth, 3)}
-        total += ms
+        total += ms if name in shapes else 0.0
         del w, x, y
     weights = sum((n * k * c) * 2 for n, k, c in shapes.values())
-    return {"ms": total, "parts": parts, "bandwidth_fraction": weights / (total / 1e3) / bandwidth}
+    saving = (sum(parts[p]["ms"] for p in ("q_proj", "k_proj", "v_proj")) - parts["qkv_fused"]["ms"]
+              + parts["gate_proj"]["ms"] + parts["up_proj"]["ms"] - parts["gate_up_fused"]["ms"])
+    return {"ms": total, "parts": parts, "bandwidth_fraction": weights / (total / 1e3) / bandwidth,
+            "fusion_saving_ms": saving}
 
 
 def time_attention(cfg: Any, batch: int, length: int) -> float:
@@ -267,6 +282,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["gemm_ms"] = round(gemm["ms"], 4)
     row["gemm_bandwidth_fraction"] = round(gemm["bandwidth_fraction"], 3)
     row["gemm_parts"] = gemm["parts"]
+    row["fusion_saving_ms"] = round(gemm["fusion_saving_ms"], 4)
     if cache_len:
         row["attention_ms"] = round(time_attention(cfg, batch, cache_len), 4)
         filled = prompt_len + new_tokens // 2  # the average context a step attends over

@@ -38,6 +38,21 @@ def test_the_gemms_cover_every_weight_of_the_floor_but_the_norms(profile: Module
     assert profile.projection_shapes(cfg)["lm_head"] == (151936, 2560, 1)  # tied: read once, as the lm_head
 
 
+def test_the_fused_shapes_hold_exactly_the_weights_they_replace(profile: ModuleType) -> None:
+    """fusion_saving compares q+k+v and gate+up with one GEMM each: the same bytes, or the saving is not one."""
+    import common
+
+    cfg = common.qwen3_4b_config(**common.QWEN3_4B)
+    sep, fused = profile.projection_shapes(cfg), profile.fused_shapes(cfg)
+
+    def size(shapes: dict, names: tuple) -> int:
+        return sum(shapes[n][0] * shapes[n][1] * shapes[n][2] for n in names)
+
+    assert size(fused, ("qkv_fused",)) == size(sep, ("q_proj", "k_proj", "v_proj"))
+    assert size(fused, ("gate_up_fused",)) == size(sep, ("gate_proj", "up_proj"))
+    assert all(fused[n][1] == sep["q_proj"][1] for n in fused)  # both read the hidden state
+
+
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
@@ -48,6 +63,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     (row,) = data["table"]
     assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
+    assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]
     assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
     assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
 
