@@ -686,8 +686,9 @@ class FastGenerator:
       tensor, so the custom decode attention can be used without touching the caller's model);
       ``merge_lora=False`` decodes through the PEFT modules themselves (no extra memory, extra LoRA matmuls).
     * ``graph="manual"``: inductor-compiled decode step captured once into a torch.cuda.CUDAGraph and replayed
-      (Python runs only sampling between replays); ``"trees"``: torch.compile(mode="reduce-overhead") cudagraph
-      trees; ``"none"``: compiled kernels launched from Python. ``compile=False``: eager (CPU default).
+      (with ``sample_in_graph``, Python only replays it; otherwise it picks between replays); ``"trees"``:
+      torch.compile(mode="reduce-overhead") cudagraph trees; ``"none"``: compiled kernels launched from Python.
+      ``compile=False``: eager (CPU default).
     * ``sample_in_graph=True`` (manual graphs): the pick is captured with the step (see the module docstring);
       not for a call with its own ``generator`` or ``on_logits``, and where its capture fails (``fused_error``)
       the step is captured alone and the pick runs eagerly between replays.
@@ -899,7 +900,9 @@ class FastGenerator:
 
     def _captured_fused(self, key: tuple[int, int], cache: Any, mask: Any, loop: _Loop, sampling: Sampling) -> Any:
         """The graph of one decode step and the pick after it (sample_in_graph); None where it cannot be captured
-        (fused_error, said once) or the step alone could not be: the caller then replays the step alone."""
+        (fused_error, said once per shape) or the step alone could not be: the caller then replays the step
+        alone. The step alone is captured first either way: its capture proves the compiled step (and the
+        profile bench times it)."""
         fkey = (*key, sampling)
         if fkey in self._fused:
             return self._fused[fkey]
