@@ -47,7 +47,7 @@ ENGINES = ("vllm-bf16", "vllm-bf16-lora", "vllm-fp8", "fastgen", "unsloth-genera
 VLLM_ENGINES = ("vllm-bf16", "vllm-bf16-lora", "vllm-fp8")
 # eager generate: ~100 tok/s at batch 8 (issue 14's table), 42 s a call: measured at --slow-batches only, once each
 # after a short warm-up call (the first 512-token call of TRL's default took 57 s against 42 s for the next on
-# 2026-12-02: CUDA and library initialisation, not generation)
+# 2026-12-02: a first call's one-time costs, which a warm-up of a few tokens pays instead)
 SLOW_ENGINES = ("trl-default", "unsloth-generate")
 WARMUP_TOKENS = 8
 NUM_GENERATIONS = 8  # sequences per prompt, as the default recipe's GRPO step
@@ -337,8 +337,7 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
             return {"fastgen_plan_gib": plan.total / 2**30 if plan else None, "fastgen_patches": eng.patches[:3],
                     "fastgen_dtype": str(eng.dtype), "compile_error": eng.compile_error, "graph_error": eng.graph_error,
                     "sample_in_graph": eng.sample_in_graph, "fused_error": eng.fused_error}
-    elif engine in SLOW_ENGINES:
-        batches = [int(b) for b in a.slow_batches.split(",") if b]
+    elif engine in SLOW_ENGINES:  # at the batches cmd_one chose (--slow-batches)
         short_gc = trl_generation_config(tok, WARMUP_TOKENS)
 
         def warmup(seqs: list[list[int]]) -> None:

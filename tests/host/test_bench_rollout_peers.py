@@ -1,0 +1,83 @@
+"""bench/rollout_peers.py's merge: the targets come from the rows of one run id, an engine timed at one batch does
+not read as measured at another, and the merged header is the measuring machine's, not the host's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def peers() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_rollout_peers", BENCH / "rollout_peers.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(engine: str, batch: int, tps: float, loader: str = "vllm", **extra: object) -> dict:
+    return {"engine": engine, "batch": batch, "tokens_per_s": tps, "loader": loader, "quant": "bf16",
+            "run_id": "r1", **extra}
+
+
+def test_targets_compare_the_unsloth_loaded_fastgen_with_vllm_bf16(peers: ModuleType) -> None:
+    rows = [_row("vllm-bf16", 8, 2000.0), _row("vllm-bf16", 64, 12000.0),
+            _row("fastgen", 8, 1600.0, loader="unsloth", fraction_of_floor=0.4),
+            _row("fastgen", 64, 11000.0, loader="transformers")]  # not the default loader: not the target's row
+    got = {g["target"].split(">=")[1].strip(): g for g in peers.targets(rows)}
+    at8 = got["1.0x vLLM bf16 at 8"]
+    assert at8["value"] == pytest.approx(0.8) and at8["met"] is False
+    assert got["0.9x vLLM bf16 at 64"]["met"] is None  # no unsloth-loaded fastgen row at 64
+    assert got["60 % of the floor at 8"]["value"] == pytest.approx(0.4)
+
+
+def test_batches_measured_names_what_each_engine_was_timed_at(peers: ModuleType) -> None:
+    rows = [_row("trl-default", 8, 66.0, loader="transformers"), _row("vllm-bf16", 8, 2000.0),
+            _row("vllm-bf16", 64, 12000.0), _row("trl-paged", 64, 0.0, loader="transformers", error="killed")]
+    said = peers.batches_measured(rows)
+    assert "trl-default (transformers, bf16) 8" in said and "vllm-bf16 (vllm, bf16) 8/64" in said
+    assert "trl-paged" not in said  # a row without a measurement is not a measurement
+
+
+def _engine_file(path: Path, gpu: dict, rows: list[dict]) -> None:
+    path.write_text(json.dumps({"date": "2026-12-04T15:00:00Z", "gpu": gpu, "versions": {"torch": "2.11"},
+                                "engine_versions": {}, "host": "device", "rows": rows}))
+
+
+def _merge(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1"}  # results go to /tmp only
+    return subprocess.run([sys.executable, str(BENCH / "rollout_peers.py"), "merge", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_merge_takes_the_measuring_machine_and_blanks_vllms_unseen_peak(tmp_path: Path) -> None:
+    _engine_file(tmp_path / "fp8-vllm-bf16.json", {"cuda": True, "name": "NVIDIA H200"},
+                 [_row("vllm-bf16", 8, 2000.0, peak_gib=0.0)])
+    _engine_file(tmp_path / "portable-fastgen.json", {"cuda": True, "name": "NVIDIA H200"},
+                 [_row("fastgen", 8, 1600.0, loader="unsloth", peak_gib=10.7)])
+    proc = _merge(str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
+    assert data["gpu"]["name"] == "NVIDIA H200" and data["date"] == "2026-12-04T15:00:00Z"
+    assert "versions" not in data  # the host's versions say nothing about the engines; each file keeps its own
+    peaks = {r["engine"]: r["peak_gib"] for r in data["table"]}
+    assert peaks == {"vllm-bf16": None, "fastgen": 10.7}
+
+
+def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path) -> None:
+    _engine_file(tmp_path / "a.json", {"cuda": True}, [_row("vllm-bf16", 8, 2000.0)])
+    _engine_file(tmp_path / "b.json", {"cuda": True}, [{**_row("fastgen", 8, 1600.0), "run_id": "r2"}])
+    proc = _merge(str(tmp_path))
+    assert proc.returncode != 0 and "pick one with --run-id" in proc.stderr
+    assert _merge(str(tmp_path), "--run-id", "r2").returncode == 0
