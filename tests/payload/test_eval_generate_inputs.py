@@ -168,6 +168,30 @@ def test_hf_eval_through_fastgen_gives_the_same_tokens(tiny_model: tuple[Any, An
         model.unload()
 
 
+def test_hf_eval_through_fastgen_compiles_one_shape_for_the_whole_set(tiny_model: tuple[Any, Any],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts of different lengths in batches of 2 with a short last one: fastgen sees one (batch, cache length)
+    (each distinct shape is a compile of the model on a GPU), and the texts are still transformers' generate's."""
+    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+    from rlstack.payload.train import loading
+
+    model, tok = tiny_model
+    vars(model).pop(ENGINE_ATTR, None)  # an engine left by another test would hold its shapes
+    questions = QUESTIONS + ["What is 7 times 8, and then add 100 to the result of that?", "1 + 1?"]
+    monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
+    cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=40)
+    ref, ref_lengths, _, _ = gsm8k._generate_hf("tiny", None, cfg, questions)
+    cfg.fastgen = True
+    got, got_lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, questions)
+    assert engine == "transformers@cpu+fastgen"
+    assert got == ref and got_lengths == ref_lengths and len(got) == len(questions)
+    widths = {len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"]}
+    assert len(widths) > 1  # the prompts differ in length, so per-batch padding would have made several shapes
+    shapes = list(vars(model)[ENGINE_ATTR]._caches)
+    assert len(shapes) == 1 and shapes[0][0] == 2  # the last question came with a filler row
+    vars(model).pop(ENGINE_ATTR, None)
+
+
 def test_hf_eval_fastgen_failure_falls_back_once(tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     model, tok = tiny_model

@@ -141,18 +141,34 @@ def generate_batches(model: Any, tokenizer: Any, prompts: list[str], cfg: EvalCo
     outputs: list[str] = []
     lengths: list[int] = []
     fast = _FastEval(model, tokenizer, cfg.max_new_tokens) if cfg.fastgen else None
+    # fastgen compiles and captures one decode step per (batch, cache length): with each batch padded to its own
+    # longest prompt, and a short last batch, an eval of 300 questions met several shapes, each a recompile of
+    # the 4B model (tens of seconds). So for fastgen every batch is left-padded to the longest prompt of the whole
+    # set and the last one filled up with copies of its last prompt (their outputs dropped): one shape, one
+    # compile. transformers' generate keeps its per-batch padding (its cost does not depend on shapes).
+    width = max((len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]), default=0) \
+        if fast is not None else 0
     t1 = time.perf_counter()
     for i in range(0, len(prompts), cfg.batch_size):
         batch = prompts[i:i + cfg.batch_size]
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        real = len(batch)
+        if fast is not None and fast.failed is None:
+            batch = batch + [batch[-1]] * (min(cfg.batch_size, len(prompts)) - real)
+            pad: dict[str, Any] = {"padding": "max_length", "max_length": width}
+        else:
+            pad = {"padding": True}
+        enc = tokenizer(batch, return_tensors="pt", add_special_tokens=False, **pad).to(model.device)
         out = fast.generate(enc) if fast is not None else None
+        if out is None and len(batch) > real:  # fastgen fell back on this batch: the filler rows go
+            batch = batch[:real]
+            enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         if out is None:
             with torch.inference_mode():
                 # eos comes from the model's generation_config (Qwen3 lists two stop tokens; the tokenizer knows
                 # one).
                 out = model.generate(**generate_inputs(model, enc), max_new_tokens=cfg.max_new_tokens,
                                      do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        new = out[:, enc["input_ids"].shape[1]:]
+        new = out[:real, enc["input_ids"].shape[1]:]
         for row in new:
             ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]
             lengths.append(len(ids))
