@@ -177,7 +177,7 @@ def test_hf_eval_through_fastgen_compiles_one_shape_for_the_whole_set(tiny_model
 
     model, tok = tiny_model
     vars(model).pop(ENGINE_ATTR, None)  # an engine left by another test would hold its shapes
-    questions = QUESTIONS + ["What is 7 times 8, and then add 100 to the result of that?", "1 + 1?"]
+    questions = [*QUESTIONS, "What is 7 times 8, and then add 100 to the result of that?", "1 + 1?"]
     monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
     cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=40)
     ref, ref_lengths, _, _ = gsm8k._generate_hf("tiny", None, cfg, questions)
