@@ -162,12 +162,7 @@ def time_sampling(eng: Any, cfg: Any, batch: int, cache_len: int, sampling: Any)
 
     from rlstack.payload.fastgen.engine import _Loop
 
-    def longs(*shape: int) -> Any:
-        return torch.zeros(shape, dtype=torch.long, device=common.DEVICE)
-
-    flags = [torch.zeros(batch, dtype=torch.bool, device=common.DEVICE) for _ in range(2)]
-    loop = _Loop(tok=longs(batch, 1), pos=longs(batch, 1), slot=longs(1), k=longs(1), tokens=longs(batch, cache_len),
-                 unfinished=~flags[0], invalid=flags[1])
+    loop = _Loop.new(batch, cache_len, common.DEVICE)
     logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
     eos = eng._eos_tensor(sampling.eos_token_ids)
 

@@ -675,6 +675,17 @@ class _Loop:
     def tensors(self) -> list[Any]:
         return [self.tok, self.pos, self.slot, self.k, self.tokens, self.unfinished, self.invalid]
 
+    @classmethod
+    def new(cls, batch: int, length: int, device: Any) -> _Loop:
+        import torch
+
+        def longs(*shape: int) -> Any:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        return cls(tok=longs(batch, 1), pos=longs(batch, 1), slot=longs(1), k=longs(1), tokens=longs(batch, length),
+                   unfinished=torch.ones((batch,), dtype=torch.bool, device=device),
+                   invalid=torch.zeros((batch,), dtype=torch.bool, device=device))
+
 
 class FastGenerator:
     """Generate completions for a (PEFT or plain) causal LM with a static KV cache and a compiled decode step.
@@ -940,15 +951,7 @@ class FastGenerator:
         """The decode loop's state for this cache shape, allocated once (a captured graph reads these tensors)."""
         key = (batch, length)
         if key not in self._loops:
-            import torch
-
-            def longs(*shape: int) -> Any:
-                return torch.zeros(shape, dtype=torch.long, device=self.device)
-
-            self._loops[key] = _Loop(tok=longs(batch, 1), pos=longs(batch, 1), slot=longs(1), k=longs(1),
-                                     tokens=longs(batch, length),
-                                     unfinished=torch.ones((batch,), dtype=torch.bool, device=self.device),
-                                     invalid=torch.zeros((batch,), dtype=torch.bool, device=self.device))
+            self._loops[key] = _Loop.new(batch, length, self.device)
         return self._loops[key]
 
     @staticmethod
