@@ -3,11 +3,11 @@ speak of the same bytes), and its CPU smoke run produces every part that applies
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,14 +17,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
-def profile() -> ModuleType:
+def profile(load_bench: Callable[[str], ModuleType]) -> ModuleType:
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_fastgen_profile", BENCH / "fastgen_profile.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("fastgen_profile")
 
 
 def test_the_gemms_cover_every_weight_of_the_floor_but_the_norms(profile: ModuleType) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,13 +13,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
-def gpu_stacks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_gpu_stacks", BENCH / "gpu_stacks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_gpu_stacks", module)
-    spec.loader.exec_module(module)
-    return module
+def gpu_stacks(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("gpu_stacks")
 
 
 def _record(manifest: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict[str, Any]:

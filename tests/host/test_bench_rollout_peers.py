@@ -3,11 +3,11 @@ not read as measured at another, and the merged header is the measuring machine'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,13 +17,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
-def peers() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_rollout_peers", BENCH / "rollout_peers.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def peers(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("rollout_peers")
 
 
 def _row(engine: str, batch: int, tps: float, loader: str = "vllm", **extra: object) -> dict:
