@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture(scope="module")
 def gpu_stacks(load_bench: Callable[[str], ModuleType]) -> ModuleType:
