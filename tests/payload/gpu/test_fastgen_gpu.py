@@ -99,11 +99,11 @@ def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -
     ids, mask = _inputs()
     first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=int(first[1, 20]), min_new_tokens=5)
-    got = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
+    got = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=True, **kw)
     eng = fastgen.get_engine(model)
     assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
     fastgen.release(model)
-    apart = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=False, **kw)
+    apart = fastgen.generate(model, ids, mask, 40, compile=True, **kw)  # the default: picks between replays
     assert not fastgen.get_engine(model)._fused
     assert torch.equal(got, apart)
 
@@ -116,8 +116,8 @@ def test_sampling_inside_the_graph_draws_new_numbers_every_replay() -> None:
     ids, mask = _inputs()
     ids, mask = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
     torch.manual_seed(0)
-    got = fastgen.generate(model, ids, mask, 32, compile=True, do_sample=True, temperature=1.5, top_k=20,
-                           pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 32, compile=True, sample_in_graph=True, do_sample=True,
+                           temperature=1.5, top_k=20, pad_token_id=0)
     eng = fastgen.get_engine(model)
     assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
     new = got[:, 20:]
@@ -134,10 +134,10 @@ def test_sampled_tokens_inside_the_graph_equal_the_picks_between_replays(warpers
     ids, mask = _inputs()
     kw = dict(do_sample=True, pad_token_id=0, **warpers)
     torch.manual_seed(3)
-    got = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
+    got = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=True, **kw)
     eng = fastgen.get_engine(model)
     assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
     fastgen.release(model)
     torch.manual_seed(3)
-    apart = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=False, **kw)
+    apart = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
     assert torch.equal(got, apart)

@@ -13,9 +13,10 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
 * Sampling reproduces transformers' default logits warpers (min_new_tokens, temperature, top-k, top-p, min-p) in
   torch on the float32 logits, so the distribution is the one TRL samples from; the generation config is
   resolved by the model's own ``_prepare_generation_config``, so transformers 4.57 and 5.x each get their own rules.
-  On CUDA the pick (sampling, EOS bookkeeping, the next step's inputs) is captured into the same graph as the
-  decode step, so the loop launches nothing but replays (``sample_in_graph``; measured 2026-12-04: eager sampling
-  between replays was 0.45 ms of a 5.03 ms step at 8 sequences, the loop 0.71 ms).
+  On CUDA the pick (sampling, EOS bookkeeping, the next step's inputs) can be captured into the same graph as
+  the decode step, so the loop launches nothing but replays (``sample_in_graph``; measured 2026-12-04: eager
+  sampling between replays was 0.45 ms of a 5.03 ms step at 8 sequences, the loop 0.71 ms). Off by default
+  until its GPU tests and an A/B have run on a GPU: the default path is the one measured.
 * Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
@@ -700,7 +701,8 @@ class FastGenerator:
       (with ``sample_in_graph``, Python only replays it; otherwise it picks between replays); ``"trees"``:
       torch.compile(mode="reduce-overhead") cudagraph trees; ``"none"``: compiled kernels launched from Python.
       ``compile=False``: eager (CPU default).
-    * ``sample_in_graph=True`` (manual graphs): the pick is captured with the step (see the module docstring);
+    * ``sample_in_graph=True`` (manual graphs; default off, see the module docstring): the pick is captured with
+      the step;
       not for a call with its own ``generator`` or ``on_logits``, and where its capture fails (``fused_error``)
       the step is captured alone and the pick runs eagerly between replays.
     """
@@ -708,7 +710,7 @@ class FastGenerator:
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
-                 pristine: bool | None = None, sample_in_graph: bool = True) -> None:
+                 pristine: bool | None = None, sample_in_graph: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
