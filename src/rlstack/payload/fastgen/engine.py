@@ -420,7 +420,8 @@ class _Shadow:
     the others once (a 4-bit base is frozen). When the model's modeling module was patched (Unsloth), the shadow is
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
-    def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None) -> None:
+    def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
+                 fuse_projections: bool = False) -> None:
         import copy
 
         import torch
@@ -445,6 +446,18 @@ class _Shadow:
         # remove_duplicate=False: a module registered under several names (Unsloth sets the model's one rotary
         # embedding as self_attn.rotary_emb of every layer) must be found under each, model.rotary_emb included
         src_modules = dict(lora_root.named_modules(remove_duplicate=False))
+        groups: list[tuple[str, tuple[str, ...]]] = []
+        fused_bufs: dict[str, Any] = {}
+        views: dict[str, Any] = {}
+        if fuse_projections:  # the shadow's own weights only: see fastgen.fused
+            from rlstack.payload.fastgen import fused
+
+            def owned(name: str) -> bool:
+                src = src_modules.get(name)
+                return src is not None and (name in lora_names or _is_quantized(src))
+
+            groups = fused.plan(shadow, owned)
+            fused_bufs, views = fused.allocate(shadow, groups, dtype, device)
         for name, mod in shadow.named_modules():
             src = src_modules.get(name)
             if src is None:
@@ -453,7 +466,7 @@ class _Shadow:
             if name in lora_names or _is_quantized(src):
                 base = src.get_base_layer() if name in lora_names else src
                 shape = (base.out_features, base.in_features)
-                buf = torch.empty(shape, dtype=dtype, device=base.weight.device)
+                buf = views[name] if name in views else torch.empty(shape, dtype=dtype, device=base.weight.device)
                 if name not in lora_names:  # frozen quantized base: dequantize once
                     with torch.no_grad():
                         buf.copy_(_dense_weight(base).reshape(shape).to(dtype))
@@ -494,6 +507,8 @@ class _Shadow:
                    [n for n, b in shadow.named_buffers() if b.is_meta]
         if leftover:
             raise FastgenError(f"fastgen: shadow model has unmapped tensors: {leftover[:5]}", "use merge_lora=False")
+        # GEMMs a decode step saves by fusing (0 where nothing could be fused: shared weights, biases, other names)
+        self.fused_gemms_saved = fused.install(shadow, groups, fused_bufs) if groups else 0
         self.model = shadow
         self.refresh()
 
@@ -705,12 +720,16 @@ class FastGenerator:
       the step;
       not for a call with its own ``generator`` or ``on_logits``, and where its capture fails (``fused_error``)
       the step is captured alone and the pick runs eagerly between replays.
+    * ``fuse_projections=True`` (the merged shadow; default off until measured on a GPU): each layer's q/k/v
+      and gate/up projections run as one GEMM each (``rlstack.payload.fastgen.fused``); ``fused_gemms_saved``
+      says how many GEMMs a step no longer launches (0: nothing could be fused).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
-                 pristine: bool | None = None, sample_in_graph: bool = False) -> None:
+                 pristine: bool | None = None, sample_in_graph: bool = False,
+                 fuse_projections: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -725,6 +744,8 @@ class FastGenerator:
         self.gqa_attention = gqa_attention
         self.pristine = pristine
         self.sample_in_graph = sample_in_graph
+        self.fuse_projections = fuse_projections
+        self.fused_gemms_saved = 0  # per decode step, once the shadow is built (fastgen.fused)
         # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
@@ -752,8 +773,10 @@ class FastGenerator:
             return
         model = self.model
         if self.merge_lora or not self.peft:
-            self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine)
+            self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
+                                   fuse_projections=self.fuse_projections)
             self.patches = self._shadow.patches
+            self.fused_gemms_saved = self._shadow.fused_gemms_saved
             self.decoder = self._shadow.model
         else:
             import sys
@@ -1162,8 +1185,8 @@ def generate(model: Any, input_ids: Any, attention_mask: Any | None = None, max_
 
     Pass either a transformers ``generation_config`` (resolved exactly like ``generate`` does, including its
     global defaults such as top_k=50) or the explicit sampling arguments. ``engine_options`` (compile, merge_lora,
-    length_bucket, compile_mode, sample_in_graph, ...: FastGenerator's) configure the per-model engine the first
-    time it is created.
+    length_bucket, compile_mode, sample_in_graph, fuse_projections, ...: FastGenerator's) configure the per-model
+    engine the first time it is created.
     """
     if generation_config is not None:
         sampling, max_new_tokens = sampling_from_generation_config(generation_config, model)

@@ -1,0 +1,127 @@
+"""Fused projections in fastgen's shadow: a layer's q/k/v projections (and gate/up) as one GEMM each.
+
+Why: at 8 sequences a decode step's GEMMs are skinny (8 rows), and the small ones run far below the memory
+bandwidth: on the H200 (2026-12-04, bench/fastgen_profile.py, Qwen3-4B shape) k_proj and v_proj reached 18 % of
+it against 59 % for q_proj, and one q+k+v GEMM took 0.39 ms a step where the three took 0.81 ms (gate+up: 1.06
+against 1.11). vLLM serves these layers fused the same way (its QKVParallelLinear, MergedColumnParallelLinear).
+
+How, without a model-specific forward: the group's weights live in one buffer, [q; k; v] along the output rows,
+and each projection's weight is a view of its rows, so ``_Shadow.refresh`` (which writes each merged weight in
+place) keeps the fused buffer current with no copy. The group's first projection computes the one GEMM and
+keeps its output in a slot the group shares; the others return their columns of it when they are called with
+the same input tensor (transformers' Llama-family attention and MLP call them in order on one tensor), and
+compute their own GEMM on their own rows otherwise, so a different call pattern is slower, never wrong. The
+last member empties the slot, so torch.compile's trace ends with no tensor held outside the graph (dynamo
+records the slot's writes as side effects; the decode graph holds one GEMM per group, tests/payload).
+
+Only groups whose weights the shadow owns are fused (merged LoRA or dequantized bases: fastgen's GRPO case), and
+only without biases: a shared weight would need a copy, a bias a fused copy to refresh.
+
+torch is imported here at module level: this module is imported only when a shadow is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# sibling projections that read one input in transformers' Llama-family layers (Llama, Mistral, Qwen2/3, Gemma)
+GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def plan(model: Any, owned: Callable[[str], bool]) -> list[tuple[str, tuple[str, ...]]]:
+    """(parent module name, member names) for every group that can be fused: each member a bias-free
+    ``nn.Linear`` whose weight the shadow owns (``owned(full name)``), all reading the same input width."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        for members in GROUPS:
+            mods = [m for m in (getattr(parent, name, None) for name in members) if isinstance(m, torch.nn.Linear)]
+            if len(mods) != len(members):
+                continue
+            names = [f"{parent_name}.{m}" if parent_name else m for m in members]
+            if (len({m.in_features for m in mods}) == 1 and all(m.bias is None for m in mods)
+                    and all(owned(n) for n in names)):
+                found.append((parent_name, members))
+    return found
+
+
+def allocate(model: Any, groups: list[tuple[str, tuple[str, ...]]], dtype: Any,
+             device: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One buffer per group (uninitialised: the shadow fills each member's rows), and each member's weight as a
+    view of its rows: ({parent name: fused buffer}, {member full name: view})."""
+    fused: dict[str, Any] = {}
+    views: dict[str, Any] = {}
+    for parent_name, members in groups:
+        parent = model.get_submodule(parent_name)
+        mods = [getattr(parent, m) for m in members]
+        buf = torch.empty((sum(m.out_features for m in mods), mods[0].in_features), dtype=dtype, device=device)
+        fused[parent_name] = buf
+        start = 0
+        for m, mod in zip(members, mods, strict=True):
+            views[f"{parent_name}.{m}" if parent_name else m] = buf[start:start + mod.out_features]
+            start += mod.out_features
+    return fused, views
+
+
+class _Slot:
+    """The group's GEMM output between its first member's call and the others' (a plain object: dynamo traces
+    its attribute writes as side effects, where writes to a module's attributes would not be)."""
+
+    def __init__(self) -> None:
+        self.x: Any = None
+        self.y: Any = None
+
+
+class FusedLinear(torch.nn.Module):
+    """One member of a fused group, in place of its ``nn.Linear`` (same ``weight`` parameter, a view of the
+    group's buffer): the first member runs the group's GEMM, the others slice its output."""
+
+    fused_weight: torch.Tensor  # the group's buffer, registered on the first member only
+
+    def __init__(self, linear: Any, fused: Any, start: int, slot: _Slot, first: bool, last: bool) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight  # the view: named_parameters() stays what it was
+        if first:  # not persistent, not a parameter: it aliases the members' weights
+            self.register_buffer("fused_weight", fused, persistent=False)
+        self.start = start
+        self.slot = slot
+        self.first = first
+        self.last = last
+
+    def forward(self, x: Any) -> Any:
+        stop = self.start + self.out_features
+        slot = self.slot
+        if self.first:
+            y = torch.nn.functional.linear(x, self.fused_weight)
+            slot.x, slot.y = x, y
+            return y[..., self.start:stop]
+        if slot.x is x:
+            out = slot.y[..., self.start:stop]
+            if self.last:
+                slot.x = slot.y = None
+            return out
+        return torch.nn.functional.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rows from {self.start}"
+
+
+def install(model: Any, groups: list[tuple[str, tuple[str, ...]]], fused: dict[str, Any]) -> int:
+    """Put FusedLinear in place of each group's members (their weights already views of ``fused``); returns the
+    number of GEMMs a decode step no longer launches."""
+    saved = 0
+    for parent_name, members in groups:
+        parent = model.get_submodule(parent_name)
+        slot = _Slot()
+        start = 0
+        for i, m in enumerate(members):
+            linear = getattr(parent, m)
+            setattr(parent, m, FusedLinear(linear, fused[parent_name], start, slot, first=i == 0,
+                                           last=i == len(members) - 1))
+            start += linear.out_features
+        saved += len(members) - 1
+    return saved
