@@ -52,7 +52,7 @@ PROMPT_LENS = (150, 170, 190, 210)
 COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
            "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
            "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor",
-           "fused_error"]
+           "fused_gemms_saved", "fused_error"]
 
 
 def projection_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
@@ -272,6 +272,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     else:
         row["replay_note"] = "no captured graph (CPU, or capture failed: graph_error)"
     row["fused_error"] = eng.fused_error
+    row["fused_gemms_saved"] = eng.fused_gemms_saved  # fuse_projections: GEMMs a step no longer launches
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     gemm = time_gemms(cfg, batch, ceil["copy_bandwidth_Bps"])
     row["gemm_ms"] = round(gemm["ms"], 4)

@@ -385,6 +385,19 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         # portable's step time over fp8's: above 1, fp8 trains faster (Unsloth's claim is ~1.4x faster FP8 RL)
         data["fp8_step_speedup_vs_portable"] = round(
             t["portable"]["s_per_step_median"] / t["fp8"]["s_per_step_median"], 3)
+    # issue 14's step target: the default path's step against the same stack's own generation (a run of the same
+    # recipe with --set grpo.fast_generation=false: Unsloth's generate on portable), its median over the table's
+    for r in records:
+        if r.get("step") != "train" or "grpo.fast_generation=false" not in " ".join(r.get("argv") or []):
+            continue
+        own, default = train_row(r), t.get(r["stack"], {})
+        if own.get("s_per_step_median") and default.get("s_per_step_median"):
+            data.setdefault("fastgen_step_speedup", {})[r["stack"]] = {
+                "speedup": round(own["s_per_step_median"] / default["s_per_step_median"], 2),
+                "own_generation": {k: own.get(k) for k in ("date", "steps", "s_per_step_median", "generate_s_median",
+                                                           "train_s_median")},
+                "default": {k: default.get(k) for k in ("date", "steps", "s_per_step_median", "generate_s_median",
+                                                        "train_s_median")}}
     gens = {p.name.removesuffix("-generations.jsonl"): p for d in a.dirs for p in Path(d).rglob("*-generations.jsonl")}
     res = {p.name.removesuffix("-results.json"): p for d in a.dirs for p in Path(d).rglob("*-results.json")}
     hf, vl = gens.get("portable-gpu-portable-hf"), gens.get("fp8-gpu-portable-vllm")
@@ -424,6 +437,12 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         notes += (f"\n\nHand-off (the portable adapter, portable `--backend hf` vs fp8 `--backend vllm`): "
                   f"{h['identical']} of {h['paired']} generations identical, median common prefix "
                   f"{h['median_common_prefix_words']} words.")
+    for stack, f in (data.get("fastgen_step_speedup") or {}).items():
+        own, default = f["own_generation"], f["default"]
+        notes += (f"\n\n{stack}'s GRPO step with fastgen (the default) against the stack's own generation "
+                  f"(`--set grpo.fast_generation=false`): {f['speedup']}x ({default['s_per_step_median']} s against "
+                  f"{own['s_per_step_median']} s median; generate {default['generate_s_median']} s against "
+                  f"{own['generate_s_median']} s).")
     for adapter, h in (data.get("handoffs_unquantized") or {}).items():
         notes += (f"\n\nHand-off on one base ({adapter}: portable `--backend hf --unquantized` vs fp8 "
                   f"`--backend vllm`, both bf16 + the adapter): {h['identical']} of {h['paired']} generations "

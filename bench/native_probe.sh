@@ -36,7 +36,12 @@ install() {
 pack_logs() { tar -C "$LOGS" -czf "$OUT/logs-$stack.tgz" . ; }
 case "$cmd" in
   stash)
-    cp .stage/"$stack"/part-* .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
+    # only the parts not stashed yet (by size): the device keeps earlier calls' carried parts in the tree, and
+    # copying them all again made each call ~0.1 s longer per part stashed (3.3 s at part 44, 2026-12-04)
+    for f in .stage/"$stack"/part-*; do
+      [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/$stack/${f##*/}" 2>/dev/null)" ] || cp "$f" "$STASH/$stack/" || exit 1
+    done
+    cp .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
     have=$(ls "$STASH/$stack" | grep -c '^part-')
     # the parts not here yet (or of another size: a stale part of another lock), by name: a machine released
     # between two calls (idle > 30 s) starts empty, and the parts carried before are gone; this says which to

@@ -75,3 +75,31 @@ def test_a_newer_results_file_replaces_the_older_record_of_its_tag(gpu_stacks: M
     newer = gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm": "2026-12-03T10:00:00+00:00"})
     assert [e["results"]["accuracy"] for e in newer] == [0.5]
     assert gpu_stacks.results_only_evals([str(tmp_path)], {"fp8-gpu-fp8-vllm": "2026-12-04T10:00:00Z"}) == []
+
+
+def test_the_step_speedup_over_the_stacks_own_generation(gpu_stacks: ModuleType, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14's step target: the table's run (adapter gpu-portable) against a run of the same stack with
+    `--set grpo.fast_generation=false`, medians over steps 2..N; that run stays out of the table."""
+    import argparse
+    import json
+
+    def train(adapter: str, times: list[float], argv: list[str]) -> dict[str, Any]:
+        rows = [{"step": i + 1, "step_time_s": t, "generate_s": t - 0.5} for i, t in enumerate(times)]
+        return {**_record({"metrics": {"loader": "unsloth"}}, rows, "2026.6.1"), "stack": "portable",
+                "step": "train", "adapter": adapter, "date": "2026-12-04T17:00:00Z", "argv": argv}
+
+    (tmp_path / "portable-train.json").write_text(json.dumps(
+        train("gpu-portable", [90.0, 3.0, 3.2, 2.8], ["train", "--stack", "portable"])))
+    (tmp_path / "portable-gpu-portable-unsloth-gen-train.json").write_text(json.dumps(
+        train("gpu-portable-unsloth-gen", [42.0, 32.0, 33.0],
+              ["train", "--stack", "portable", "--set", "grpo.fast_generation=false"])))
+    monkeypatch.setattr(gpu_stacks.common, "RESULTS", tmp_path / "results")
+    monkeypatch.delenv("OUT", raising=False)
+    assert gpu_stacks.cmd_summarize(argparse.Namespace(dirs=[str(tmp_path)], note=None)) == 0
+    data = json.loads((tmp_path / "results" / "gpu_stacks.json").read_text())
+    assert [r["steps"] for r in data["table"]] == [4]  # the table's run only
+    f = data["fastgen_step_speedup"]["portable"]
+    assert f["default"]["s_per_step_median"] == 3.0 and f["own_generation"]["s_per_step_median"] == 32.5
+    assert f["speedup"] == 10.83
+    assert "10.83x" in (tmp_path / "results" / "gpu_stacks.md").read_text()

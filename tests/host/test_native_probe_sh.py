@@ -29,3 +29,19 @@ def test_stash_names_the_parts_still_missing(tmp_path: Path) -> None:
     assert _stash(tmp_path, tmp_path / "stash") == "stash x: 3 parts here"
     (stage / "part-002").write_bytes(b"22")  # a stale part of another lock, same name
     assert _stash(tmp_path, tmp_path / "stash") == "stash x: 3 parts here; missing: part-002"
+
+
+def test_stash_copies_only_the_parts_it_does_not_have(tmp_path: Path) -> None:
+    """The device keeps every part carried so far in the tree: copying them all again grew each call."""
+    import os
+
+    stage = tmp_path / ".stage" / "x"
+    stage.mkdir(parents=True)
+    (stage / "parts.json").write_text(json.dumps({"parts": [{"name": f"part-00{i}", "size": 1} for i in range(2)]}))
+    (stage / "part-000").write_bytes(b"1")
+    stash = tmp_path / "stash"
+    _stash(tmp_path, stash)
+    os.utime(stash / "x" / "part-000", (1_000_000_000, 1_000_000_000))
+    (stage / "part-001").write_bytes(b"1")
+    assert _stash(tmp_path, stash) == "stash x: 2 parts here"
+    assert (stash / "x" / "part-000").stat().st_mtime == 1_000_000_000  # not copied again
