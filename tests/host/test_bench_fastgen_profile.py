@@ -57,6 +57,8 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
     (row,) = data["table"]
     assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
+    assert {"warp_ms", "draw_ms", "topk_ms"} <= set(row["pick_parts"]) and all(
+        v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
     assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]
     assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
