@@ -57,7 +57,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
     (row,) = data["table"]
     assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
-    assert {"warp_ms", "draw_ms", "topk_ms"} <= set(row["pick_parts"]) and all(
+    assert {"warp_ms", "draw_ms", "topk_ms", "topk_two_stage_ms"} <= set(row["pick_parts"]) and all(
         v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
     assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]
@@ -90,3 +90,17 @@ def test_rewind_sets_back_what_a_replay_advances(profile: ModuleType) -> None:
     assert int(loop.k) == 1 and int(loop.slot) == 5 and torch.equal(loop.pos, torch.full((2, 1), 5))
     if lengths:  # transformers 5: the write position lives in each layer (4.x writes at the loop's slot)
         assert len(lengths) == cfg.num_hidden_layers and all(int(t) == 5 for t in lengths)
+
+
+def test_the_two_stage_top_k_gives_the_one_stage_threshold(profile: ModuleType) -> None:
+    """Exact, ties and a vocabulary that the chunks do not divide included: only then is its timing a choice."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1001, generator=g).round(decimals=1)  # rounded: many equal values
+    logits[1, :] = 0.25  # a row of one value
+    logits[2, 900:] = float("-inf")
+    for k in (1, 7, 50):
+        expect = torch.topk(logits, k, dim=-1).values[..., -1:]
+        for chunks in (1, 3, 64):
+            assert torch.equal(profile.two_stage_kth(logits, k, chunks), expect), (k, chunks)
