@@ -19,7 +19,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               CUDA graph of its launches in a step (a distinct weight per layer), summed; each shape's bytes/s
               against the measured copy bandwidth: what skinny GEMMs cost
   attention   fastgen's decode attention, compiled, all layers as one graph, over the static cache at its
-              bucketed length and at the average filled length (what padded cache reads cost)
+              bucketed length and at the average filled length (what padded cache reads cost), and at the
+              lengths --attention-lengths names (`attention_by_length`)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
   fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
               fusing them in the shadow would save per step, measured before it is built
@@ -269,7 +270,7 @@ def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> int | None:
 
 
 def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
-                  reps: int, options: dict[str, Any]) -> dict[str, Any]:
+                  reps: int, options: dict[str, Any], attention_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
     from rlstack.payload import fastgen
 
     cfg = pm.get_base_model().config
@@ -323,6 +324,8 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         filled = prompt_len + new_tokens // 2  # the average context a step attends over
         row["attention_filled_ms"] = round(time_attention(cfg, batch, filled), 4)
         row["attention_filled_len"] = filled
+    if attention_lengths:  # what reading only the filled slots could save: one compile per length
+        row["attention_by_length"] = {n: round(time_attention(cfg, batch, n), 4) for n in attention_lengths}
     if "replay_ms" in row and "attention_ms" in row:
         row["rest_ms"] = round(row["replay_ms"] - row["gemm_ms"] - row["attention_ms"], 4)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
@@ -339,8 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     common.add_engine_option(ap, "for an A/B in the same lease, recorded in the results: e.g. "
                                  "compile_mode=max-autotune-no-cudagraphs (inductor's Triton GEMM templates against "
                                  "cuBLAS at M = batch rows)")
+    ap.add_argument("--attention-lengths", default="",
+                    help="cache lengths to time the attention over as well, e.g. 256,384,512,640,768: what a "
+                         "length that follows the generation would read (each a compile and, at 64 sequences, "
+                         "up to 7 GB of cache)")
     a = ap.parse_args(argv)
     options = common.engine_options(a.engine_option)
+    lengths = tuple(int(n) for n in a.attention_lengths.split(",") if n)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -355,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for batch in [int(b) for b in a.batches.split(",") if b]:
         try:
-            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, options))
+            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, options, lengths))
         except Exception as exc:  # keep the other batch's numbers
             traceback.print_exc()
             rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})

@@ -51,7 +51,8 @@ def test_the_fused_shapes_hold_exactly_the_weights_they_replace(profile: ModuleT
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(BENCH / "fastgen_profile.py"), "--batches", "2"], env=env,
+    proc = subprocess.run([sys.executable, str(BENCH / "fastgen_profile.py"), "--batches", "2",
+                           "--attention-lengths", "32,64"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
@@ -60,6 +61,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     assert {"warp_ms", "draw_ms", "topk_ms", "topk_two_stage_ms"} <= set(row["pick_parts"]) and all(
         v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
+    assert set(row["attention_by_length"]) == {"32", "64"} and all(v > 0 for v in row["attention_by_length"].values())
     assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]
     assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
     assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
