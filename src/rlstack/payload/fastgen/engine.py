@@ -452,9 +452,12 @@ class _Shadow:
         if fuse_projections:  # the shadow's own weights only: see fastgen.fused
             from rlstack.payload.fastgen import fused
 
-            def owned(name: str) -> bool:
+            def owned(name: str) -> bool:  # and on the device the group's buffer goes to (a split device_map)
                 src = src_modules.get(name)
-                return src is not None and (name in lora_names or _is_quantized(src))
+                if src is None or not (name in lora_names or _is_quantized(src)):
+                    return False
+                base = src.get_base_layer() if name in lora_names else src
+                return bool(base.weight.device == device)
 
             groups = fused.plan(shadow, owned)
             fused_bufs, views = fused.allocate(shadow, groups, dtype, device)
