@@ -386,7 +386,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         data["fp8_step_speedup_vs_portable"] = round(
             t["portable"]["s_per_step_median"] / t["fp8"]["s_per_step_median"], 3)
     # issue 14's step target: the default path's step against the same stack's own generation (a run of the same
-    # recipe with --set grpo.fast_generation=false: Unsloth's generate on portable), its median over the table's
+    # recipe with --set grpo.fast_generation=false: Unsloth's generate on portable): that run's median step time
+    # over the table run's
     for r in records:
         if r.get("step") != "train" or "grpo.fast_generation=false" not in " ".join(r.get("argv") or []):
             continue
