@@ -22,6 +22,7 @@ from rlstack.core.pkgnames import normalize
 from rlstack.host import commands, containers, engine, images, locks, settings, stacks
 from rlstack.host.containers import Volumes
 from rlstack.payload import commands as payload
+from rlstack.payload.train import checkpoints
 
 TEST_REPO = "rlstack-test"
 
@@ -286,8 +287,11 @@ def test_killed_training_resumes_from_its_checkpoint(cpu_image: str, cpu_stack: 
                                 text=True)
     try:
         try:
-            _wait_for([engine.client(), "exec", name, "ls", "/opt/rlstack/runs/train/k1/checkpoints"],
-                      time.monotonic() + 600, lambda out: "checkpoint-2" in out, alive=proc)
+            # sealed, not just named: the folder appears when the save starts, and a kill during the save
+            # leaves a torn checkpoint that --resume rightly refuses (missed so once in CI, 2026-12-04)
+            first = "/opt/rlstack/runs/train/k1/checkpoints/checkpoint-2"
+            _wait_for([engine.client(), "exec", name, "ls", "-A", first],
+                      time.monotonic() + 600, lambda out: checkpoints.SEAL in out.split(), alive=proc)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- training log ---\n{log.read_text()[-3000:]}") from None
         _docker("kill", "--signal", "TERM", name, check=False)
