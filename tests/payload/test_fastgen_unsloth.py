@@ -258,17 +258,20 @@ def _hf_tokens(ref, inputs, gc, seed: int):
     return out
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("four_bit", [False, True], ids=["bf16-shape", "qlora-4bit"])
-def test_unsloth_loaded_model_generates_hf_tokens_through_fastgen(tiny_folder, unsloth, four_bit: bool) -> None:
+def test_unsloth_loaded_model_generates_hf_tokens_through_fastgen(tiny_folder, unsloth, four_bit: bool,
+                                                                  fuse: bool) -> None:
     """Greedy and seeded sampling: exact token equality with HF generate on the same (unpatched) weights; the
-    fast path never calls Unsloth's generate or its patched forwards, and follows LoRA updates between calls."""
+    fast path never calls Unsloth's generate or its patched forwards, and follows LoRA updates between calls.
+    Also with fuse_projections: the pristine copy's q/k/v and gate/up over the dequantized, merged weights."""
     ref = _reference(tiny_folder, four_bit, seed=1)
     unsloth.apply()
     counts = unsloth.counts
     model = unsloth.load(tiny_folder, four_bit, seed=1)
     _copy_lora(ref, model)
     model.train()
-    fastgen.install(model, compile=False)
+    fastgen.install(model, compile=False, fuse_projections=fuse)
     inputs = _inputs(2)
     for greedy, seed in ((True, 0), (False, 5), (False, 6)):
         gc = _trl_config(greedy)
@@ -283,6 +286,7 @@ def test_unsloth_loaded_model_generates_hf_tokens_through_fastgen(tiny_folder, u
     assert any(p.startswith("Qwen3RotaryEmbedding -> unsloth") for p in engine.patches), engine.patches
     assert type(engine.decoder.model.rotary_emb).__name__ == "Qwen3RotaryEmbedding"
     assert "model.rotary_emb.inv_freq" in engine._shadow.own_buffers
+    assert engine.fused_gemms_saved == (3 * engine.decoder.config.num_hidden_layers if fuse else 0)
     # an optimizer step on the adapter: the next generation must see it
     with torch.no_grad():
         for name, p in ref.named_parameters():
