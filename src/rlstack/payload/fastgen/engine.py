@@ -748,7 +748,6 @@ class FastGenerator:
         self.pristine = pristine
         self.sample_in_graph = sample_in_graph
         self.fuse_projections = fuse_projections
-        self.fused_gemms_saved = 0  # per decode step, once the shadow is built (fastgen.fused)
         # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
@@ -779,7 +778,6 @@ class FastGenerator:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
                                    fuse_projections=self.fuse_projections)
             self.patches = self._shadow.patches
-            self.fused_gemms_saved = self._shadow.fused_gemms_saved
             self.decoder = self._shadow.model
         else:
             import sys
@@ -803,6 +801,11 @@ class FastGenerator:
             self._step = torch.compile(self._decode, mode=mode, fullgraph=False, dynamic=False)
         else:
             self._step = self._decode
+
+    @property
+    def fused_gemms_saved(self) -> int:
+        """GEMMs a decode step no longer launches (fuse_projections; 0 before the shadow is built or without one)."""
+        return self._shadow.fused_gemms_saved if self._shadow is not None else 0
 
     def plan(self, batch: int, length: int) -> MemoryPlan:
         """What serving ``batch`` sequences in a ``length``-token cache would allocate now (see MemoryPlan)."""
