@@ -33,6 +33,7 @@ call alone and measured launches (`graph_ms`). Nothing here changes fastgen: it 
 the engine's captured graph after a normal generate() call.
 
     bash bench/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
+        [--variant fuse_projections=true --variant '']   an A/B in one process, rows tagged by variant
     RLSTACK_BENCH_SMOKE=1 python bench/fastgen_profile.py       # CPU, tiny model: no graph, parts that apply
 Results: bench/results/fastgen_profile.{json,md}.
 """
@@ -52,7 +53,7 @@ import common
 import rollout_generation as rg
 
 PROMPT_LENS = (150, 170, 190, 210)
-COLUMNS = ["batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
+COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
            "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
            "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor",
            "fused_gemms_saved", "fused_error"]
@@ -346,8 +347,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="cache lengths to time the attention over as well, e.g. 256,384,512,640,768: what a "
                          "length that follows the generation would read (each a compile and, at 64 sequences, "
                          "up to 7 GB of cache)")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="an A/B in one process: the profile once per variant (each a fresh engine with these "
+                         "options on top of --engine-option; '' for none), rows tagged with it; repeatable")
     a = ap.parse_args(argv)
     options = common.engine_options(a.engine_option)
+    variants = {v: {**options, **common.engine_options([x for x in v.split(",") if x])} for v in a.variant} \
+        or {"": options}
     lengths = tuple(int(n) for n in a.attention_lengths.split(",") if n)
     import torch
 
@@ -355,19 +361,26 @@ def main(argv: list[str] | None = None) -> int:
     shape = rg.recipe_shape()
     data: dict[str, Any] = {**common.header(), "smoke": common.SMOKE, "new_tokens": a.new_tokens,
                             "lora_r": shape["lora_r"], "model": "Qwen3-4B shape, random bf16 weights",
-                            "engine_options": options, "lora_from": shape["source"]}
+                            "engine_options": options, "variants": variants, "lora_from": shape["source"]}
     data["ceilings"] = ceil = common.measure_ceilings()
     tok = common.build_tokenizer()
     pm = rg.lora_model(common.build_model(), shape["lora_r"], shape["lora_alpha"])
     gc = rg.trl_generation_config(tok, a.new_tokens, top_k=50)
     rows: list[dict[str, Any]] = []
-    for batch in [int(b) for b in a.batches.split(",") if b]:
-        try:
-            rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, options, lengths))
-        except Exception as exc:  # keep the other batch's numbers
-            traceback.print_exc()
-            rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
-        print({k: rows[-1].get(k) for k in COLUMNS}, flush=True)
+    from rlstack.payload import fastgen
+
+    for label, opts in variants.items():
+        fastgen.release(pm)  # engine options apply when an engine is created: each variant gets its own
+        torch._dynamo.reset()  # and the compiled code (its guards) of the last one goes with it
+        for batch in [int(b) for b in a.batches.split(",") if b]:
+            try:
+                rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, opts, lengths))
+            except Exception as exc:  # keep the other batch's numbers
+                traceback.print_exc()
+                rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            rows[-1] = {"variant": label, **rows[-1]}
+            print({k: rows[-1].get(k) for k in COLUMNS}, flush=True)
+    fastgen.release(pm)
     notes = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode "
              "step; gemm_bandwidth_fraction: weight bytes of one step over the summed GEMM time, against the "
              "measured copy bandwidth; fraction_of_floor: the bandwidth floor's step time over the measured wall.")
