@@ -24,7 +24,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
   fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
               fusing them in the shadow would save per step, measured before it is built
-  kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none)
+  kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none), and the
+              ten that take the most time per replay (`top_kernels`: name, count, us)
 
 The parts are timed alone, so they do not add up exactly (a part replayed alone keeps more in L2 than the step
 does); the split says which part to work on, not to the microsecond. The parts are graph replays since the
@@ -253,9 +254,21 @@ def time_replays(graph: Any, rewind: Any, room: int, chunks: int = 5) -> float:
     return statistics.median(times[1:])
 
 
-def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> int | None:
+def top_kernels(kernels: list[Any], reps: int, n: int = 10) -> list[dict[str, Any]]:
+    """The kernels that take the most GPU time per replay, by name: [{"name", "count", "us"}] per replay, the
+    longest first (names cut to 90 characters). Why: replay - gemm - attention leaves a "rest" of 0.5-0.7 ms at 8
+    sequences that no part timed alone names (2026-12-04); the profile of the replay itself does."""
+    by: dict[str, list[float]] = {}
+    for e in kernels:
+        t = getattr(e, "device_time_total", None)
+        by.setdefault(e.name[:90], []).append(float(t if t is not None else getattr(e, "cuda_time_total", 0.0)))
+    rows = [{"name": k, "count": round(len(v) / reps, 1), "us": round(sum(v) / reps, 2)} for k, v in by.items()]
+    return sorted(rows, key=lambda r: -r["us"])[:n]
+
+
+def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> tuple[int | None, list[dict[str, Any]]]:
     """CUDA kernels the profiler records over `reps` replays, per replay (None when it records none: a
-    profiler build that does not trace kernels inside graphs)."""
+    profiler build that does not trace kernels inside graphs), and the ones that take the most time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -267,7 +280,7 @@ def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> int | None:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
-    return round(len(kernels) / reps) if kernels else None
+    return (round(len(kernels) / reps) if kernels else None), top_kernels(kernels, reps)
 
 
 def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
@@ -303,9 +316,9 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
             used = row["replay_fused_ms"]
         row["loop_ms"] = round(wall - used, 4)
         try:
-            row["kernels_per_step"] = kernels_per_replay(entry[0], rewind, min(3, room))
+            row["kernels_per_step"], row["top_kernels"] = kernels_per_replay(entry[0], rewind, min(3, room))
             if fused is not None:
-                row["kernels_per_fused_step"] = kernels_per_replay(fused, rewind, min(3, room))
+                row["kernels_per_fused_step"] = kernels_per_replay(fused, rewind, min(3, room))[0]
         except Exception as exc:  # the profiler is optional evidence, the timings are not
             row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
         rewind()

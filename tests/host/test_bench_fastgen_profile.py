@@ -108,3 +108,14 @@ def test_the_two_stage_top_k_gives_the_one_stage_threshold(profile: ModuleType) 
         expect = torch.topk(logits, k, dim=-1).values[..., -1:]
         for chunks in (1, 3, 64):
             assert torch.equal(profile.two_stage_kth(logits, k, chunks), expect), (k, chunks)
+
+
+def test_top_kernels_sums_each_name_per_replay(profile: ModuleType) -> None:
+    from types import SimpleNamespace as K
+
+    events = [K(name="gemm_a", device_time_total=10.0), K(name="gemm_a", device_time_total=12.0),
+              K(name="rms_norm", device_time_total=3.0), K(name="gemm_a", device_time_total=10.0),
+              K(name="gemm_a", device_time_total=12.0), K(name="rms_norm", device_time_total=3.0)]
+    top = profile.top_kernels(events, reps=2, n=1)
+    assert top == [{"name": "gemm_a", "count": 2.0, "us": 22.0}]
+    assert [r["name"] for r in profile.top_kernels(events, reps=2)] == ["gemm_a", "rms_norm"]
