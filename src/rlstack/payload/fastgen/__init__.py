@@ -25,7 +25,6 @@ from rlstack.payload.fastgen.engine import (
     plan_memory,
     release,
     resolve_generation_config,
-    sample_next,
     sampling_from_generation_config,
     sampling_from_resolved,
 )
@@ -47,7 +46,6 @@ __all__ = [
     "plan_memory",
     "release",
     "resolve_generation_config",
-    "sample_next",
     "sampling_from_generation_config",
     "sampling_from_resolved",
     "uninstall",

@@ -14,9 +14,9 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
   torch on the float32 logits, so the distribution is the one TRL samples from; the generation config is
   resolved by the model's own ``_prepare_generation_config``, so transformers 4.57 and 5.x each get their own rules.
   On CUDA the pick (sampling, EOS bookkeeping, the next step's inputs) can be captured into the same graph as
-  the decode step, so the loop launches nothing but replays (``sample_in_graph``; measured 2026-12-04: eager
-  sampling between replays was 0.45 ms of a 5.03 ms step at 8 sequences, the loop 0.71 ms). Off by default
-  until its GPU tests and an A/B have run on a GPU: the default path is the one measured.
+  the decode step, so the loop launches nothing but replays (``sample_in_graph``). Off by default: its A/B on
+  the H200 (2026-12-04, one lease) gave 4.68 against 4.72 ms a token at 8 sequences and 7.42 against 7.45 at
+  64, because the pick's GPU work stays in the graph (0.23 / 0.47 ms); its GPU tests pass.
 * Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
@@ -159,23 +159,11 @@ def sampling_from_resolved(gc: Any) -> tuple[Sampling, int]:
     return sampling, int(gc.max_new_tokens)
 
 
-def sample_next(logits: Any, sampling: Sampling, step: int, generator: Any = None) -> Any:
-    """Pick the next token per row from float32 logits [B, V], mirroring transformers' processors and warpers:
-    MinNewTokens (EOS masked while step < min_new_tokens), then Temperature, TopK, TopP, MinP, then multinomial."""
-    import torch
-
-    if sampling.eos_token_ids and step < sampling.min_new_tokens:
-        logits = logits.clone()
-        logits[:, list(sampling.eos_token_ids)] = -math.inf
-    if not sampling.do_sample:
-        return logits.argmax(dim=-1)
-    return torch.multinomial(_warp(logits, sampling), num_samples=1, generator=generator).squeeze(1)
-
-
 def _mask_eos_before_min(logits: Any, sampling: Sampling, step: Any, eos: Any) -> Any:
-    """sample_next's MinNewTokens with the step and the EOS ids as device tensors ([1] and [E]): the same mask with
-    no host sync and no host-to-device copy, so a CUDA graph can hold it (a masked logit is -inf either way; an
-    unmasked one gets + 0.0, which leaves every float32 value as it was)."""
+    """transformers' MinNewTokensLengthLogitsProcessor (EOS masked while step < min_new_tokens) with the step and
+    the EOS ids as device tensors ([1] and [E]): no host sync and no host-to-device copy, so a CUDA graph can
+    hold it (a masked logit is -inf either way; an unmasked one gets + 0.0, which leaves every float32 value as it
+    was)."""
     import torch
 
     if not sampling.eos_token_ids or sampling.min_new_tokens <= 0:
@@ -187,7 +175,8 @@ def _mask_eos_before_min(logits: Any, sampling: Sampling, step: Any, eos: Any) -
 
 
 def _warp(logits: Any, sampling: Sampling) -> Any:
-    """Temperature, TopK, TopP, MinP, then softmax: the sampling distribution (sample_next after MinNewTokens)."""
+    """Temperature, TopK, TopP, MinP, then softmax: the sampling distribution, after MinNewTokens, as
+    transformers' warpers compute it."""
     import torch
 
     if sampling.temperature != 1.0:
