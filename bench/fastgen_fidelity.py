@@ -133,14 +133,10 @@ def greedy(model: Any, tok: Any, texts: list[str], new: int, batch: int, device:
         same = (ref == got).int()
         equal += int(same.sum())
         total += same.numel()
-        first = [int(x) for x in same.cumprod(1).sum(1)]
-        prefixes += first
+        prefixes += [int(x) for x in same.cumprod(1).sum(1)]
         # at a row's first divergence both engines saw the same prefix: generate's own logit gap between its
         # token and fastgen's says whether the flip was a near-tie (rounding-sized) or a real difference
-        for row, d in enumerate(first):
-            if d < new:
-                scores = out.scores[d][row].float()
-                margins.append(float(scores[ref[row, d]] - scores[got[row, d]]))
+        margins += [d.gap for d in fastgen.divergences(ref, got, out.scores)]
     return {"greedy_positions": total, "greedy_equal_fraction": round(equal / total, 4),
             "greedy_rows_identical": sum(p == new for p in prefixes), "greedy_rows": len(prefixes),
             "first_divergence_median": statistics.median(prefixes), "first_divergence_min": min(prefixes),
@@ -258,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     row = {"device": device, "model": a.model, "dtype": a.dtype, "lora_r": a.lora_r,
            "versions": f"torch {torch.__version__}, transformers {transformers.__version__} on {where}",
+           # fused=N: fuse_projections (the default since 2026-12-04) fused N GEMMs of a step away
            "engine_mode": " ".join([f"compile={engine.compile} graph={engine.graph}",
                                     *(f"{k}={v}" for k, v in sorted(options.items())
-                                      if k not in ("compile", "graph"))]),
+                                      if k not in ("compile", "graph")),
+                                    *([f"fused={engine.fused_gemms_saved}"] if engine.fused_gemms_saved else [])]),
            "prompts": a.n,
            "new_tokens": a.new_tokens, "temperature": a.temperature, "top_k": a.top_k, **g,
            **{k: (round(v, 6) + 0.0 if isinstance(v, float) else v) for k, v in s.items()},  # + 0.0: no "-0"

@@ -16,14 +16,15 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               `sampling`, timed apart as the eager calls it is; `pick_parts`: its top-k threshold, the other
               warpers with the softmax, and the draw, each replayed as a graph)
   gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
-              CUDA graph of its launches in a step (a distinct weight per layer), summed; each shape's bytes/s
-              against the measured copy bandwidth: what skinny GEMMs cost
+              CUDA graph of its launches in a step (a distinct weight per layer), summed as the engine runs
+              them (q/k/v and gate/up as one GEMM each where it fused them); each shape's bytes/s against the
+              measured copy bandwidth: what skinny GEMMs cost
   attention   fastgen's decode attention, compiled, all layers as one graph, over the static cache at its
               bucketed length and at the average filled length (what padded cache reads cost), and at the
               lengths --attention-lengths names (`attention_by_length`)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
   fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
-              fusing them in the shadow would save per step, measured before it is built
+              fusing them in the shadow saves per step (fuse_projections, fastgen's default since 2026-12-04)
   kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none), and the
               ten that take the most time per replay (`top_kernels`: name, count, us)
 
@@ -36,12 +37,14 @@ the engine's captured graph after a normal generate() call.
     bash bench/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
         [--variant fuse_projections=true --variant '']   an A/B in one process, rows tagged by variant
     RLSTACK_BENCH_SMOKE=1 python bench/fastgen_profile.py       # CPU, tiny model: no graph, parts that apply
+    python bench/fastgen_profile.py --rederive RUN.json [--name N]  # a stored run's sums, this accounting
 Results: bench/results/fastgen_profile.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -58,6 +61,10 @@ COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms"
            "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
            "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor",
            "fused_gemms_saved", "fused_error"]
+NOTES = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode step; "
+         "gemm: the step's GEMMs as the engine runs them (the fused shapes where fused_gemms_saved > 0); "
+         "gemm_bandwidth_fraction: weight bytes of one step over that GEMM time, against the measured copy "
+         "bandwidth; fraction_of_floor: the bandwidth floor's step time over the measured wall.")
 
 
 def projection_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
@@ -105,15 +112,18 @@ def fused_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
     return {"qkv_fused": ((nh + 2 * nkv) * hd, h, n), "gate_up_fused": (2 * inter, h, n)}
 
 
-def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
+FUSED_GROUPS = {"qkv_fused": ("q_proj", "k_proj", "v_proj"), "gate_up_fused": ("gate_proj", "up_proj")}
+
+
+def time_gemms(cfg: Any, batch: int) -> dict[str, dict[str, Any]]:
     """Every projection of one step at M = batch rows, each kind as one graph of its launches per step (36 layers,
-    a distinct weight per layer as in the model, so no weight is served from L2 twice); bytes moved = the weights
-    plus the activations. The fused shapes are timed too (``fusion_saving_ms``), outside the step's sum."""
+    a distinct weight per layer as in the model, so no weight is served from L2 twice), and the fused shapes
+    beside them: {name: n, k, per_step, ms}. gemm_columns sums them as the engine runs them."""
     import torch
 
     dev, dt = common.DEVICE, torch.bfloat16
-    shapes, total, parts = projection_shapes(cfg), 0.0, {}
-    for name, (n_out, k_in, count) in {**shapes, **fused_shapes(cfg)}.items():
+    parts = {}
+    for name, (n_out, k_in, count) in {**projection_shapes(cfg), **fused_shapes(cfg)}.items():
         w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
         x = torch.randn(batch, k_in, device=dev, dtype=dt)
         y = torch.empty(batch, n_out, device=dev, dtype=dt)
@@ -122,17 +132,51 @@ def time_gemms(cfg: Any, batch: int, bandwidth: float) -> dict[str, Any]:
             for i in range(count):
                 torch.matmul(x, w[i].t(), out=y)
 
-        ms = graph_ms(body)
-        moved = count * (n_out * k_in + batch * (k_in + n_out)) * 2
-        parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(ms, 5),
-                       "bandwidth_fraction": round(moved / (ms / 1e3) / bandwidth, 3)}
-        total += ms if name in shapes else 0.0
+        parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(graph_ms(body), 5)}
         del w, x, y
-    weights = sum((n * k * c) * 2 for n, k, c in shapes.values())
-    saving = (sum(parts[p]["ms"] for p in ("q_proj", "k_proj", "v_proj")) - parts["qkv_fused"]["ms"]
-              + parts["gate_proj"]["ms"] + parts["up_proj"]["ms"] - parts["gate_up_fused"]["ms"])
-    return {"ms": total, "parts": parts, "bandwidth_fraction": weights / (total / 1e3) / bandwidth,
-            "fusion_saving_ms": saving}
+    return parts
+
+
+def gemm_columns(parts: dict[str, dict[str, Any]], batch: int, bandwidth: float, fused: bool) -> dict[str, Any]:
+    """A step's GEMM time as the engine runs it: q/k/v and gate/up as the fused shapes where the engine fused
+    them (fused_gemms_saved > 0), apart otherwise; each part's bandwidth_fraction (bytes moved = weights plus
+    activations) is set in `parts`. fusion_saving_ms: the separate shapes minus the fused ones, what fusing
+    saves (or saved) either way. Until 2026-12-04 the sum took the separate shapes for a fused engine too,
+    which left its `rest` short by the saving (`--rederive` recomputes a stored run)."""
+    for p in parts.values():
+        moved = p["per_step"] * (p["n"] * p["k"] + batch * (p["k"] + p["n"])) * 2
+        p["bandwidth_fraction"] = round(moved / (p["ms"] / 1e3) / bandwidth, 3)
+    separate = [name for name in parts if name not in FUSED_GROUPS]
+    members = {m for group in FUSED_GROUPS.values() for m in group}
+    step = [name for name in separate if not (fused and name in members)] + (list(FUSED_GROUPS) if fused else [])
+    ms = sum(parts[name]["ms"] for name in step)
+    weights = sum(parts[name]["n"] * parts[name]["k"] * parts[name]["per_step"] * 2 for name in separate)
+    saving = sum(sum(parts[m]["ms"] for m in group) - parts[f]["ms"] for f, group in FUSED_GROUPS.items())
+    return {"gemm_ms": round(ms, 4), "gemm_bandwidth_fraction": round(weights / (ms / 1e3) / bandwidth, 3),
+            "gemm_fused": fused, "fusion_saving_ms": round(saving, 4)}
+
+
+def derive_rest(row: dict[str, Any]) -> None:
+    """rest = replay - gemm - attention (where all three were measured)."""
+    if "replay_ms" in row and "attention_ms" in row and "gemm_ms" in row:
+        row["rest_ms"] = round(row["replay_ms"] - row["gemm_ms"] - row["attention_ms"], 4)
+
+
+def rederive(path: Path, name: str) -> int:
+    """Recompute a stored run's sums (gemm_ms, its bandwidth fraction, rest_ms) from its measured parts with
+    this accounting, no GPU: the timings stay the run's, `rederived` records when and by what."""
+    data = json.loads(path.read_text())
+    bandwidth = data["ceilings"]["copy_bandwidth_Bps"]
+    rows = data.pop("table")
+    data.pop("smoke", None)
+    for row in rows:
+        if row.get("gemm_parts"):
+            batch = row["batch"]
+            row.update(gemm_columns(row["gemm_parts"], batch, bandwidth, bool(row.get("fused_gemms_saved"))))
+            derive_rest(row)
+    data["rederived"] = {"date": common.now(), "from": str(path), "argv": sys.argv}
+    common.write_results(name, data, rows, COLUMNS, NOTES)
+    return 0
 
 
 def time_attention(cfg: Any, batch: int, length: int) -> float:
@@ -328,11 +372,8 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["fused_gemms_saved"] = eng.fused_gemms_saved  # fuse_projections: GEMMs a step no longer launches
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = time_pick_parts(cfg, batch, sampling)
-    gemm = time_gemms(cfg, batch, ceil["copy_bandwidth_Bps"])
-    row["gemm_ms"] = round(gemm["ms"], 4)
-    row["gemm_bandwidth_fraction"] = round(gemm["bandwidth_fraction"], 3)
-    row["gemm_parts"] = gemm["parts"]
-    row["fusion_saving_ms"] = round(gemm["fusion_saving_ms"], 4)
+    row["gemm_parts"] = time_gemms(cfg, batch)
+    row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         row["attention_ms"] = round(time_attention(cfg, batch, cache_len), 4)
         filled = prompt_len + new_tokens // 2  # the average context a step attends over
@@ -340,8 +381,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         row["attention_filled_len"] = filled
     if attention_lengths:  # what reading only the filled slots could save: one compile per length
         row["attention_by_length"] = {n: round(time_attention(cfg, batch, n), 4) for n in attention_lengths}
-    if "replay_ms" in row and "attention_ms" in row:
-        row["rest_ms"] = round(row["replay_ms"] - row["gemm_ms"] - row["attention_ms"], 4)
+    derive_rest(row)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
     row["floor_ms"] = round(floor["floor_step_s"] * 1e3, 4)
     row["fraction_of_floor"] = round(row["floor_ms"] / wall, 3)
@@ -363,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                     help="an A/B in one process: the profile once per variant (each a fresh engine with these "
                          "options on top of --engine-option; '' for none), rows tagged with it; repeatable")
+    ap.add_argument("--rederive", type=Path, metavar="JSON",
+                    help="no GPU: recompute a stored run's sums (gemm, rest) with this accounting and write it "
+                         "as bench/results/NAME.{json,md}")
+    ap.add_argument("--name", default="fastgen_profile", help="the results name --rederive writes")
     a = ap.parse_args(argv)
+    if a.rederive:
+        return rederive(a.rederive, a.name)
     options = common.engine_options(a.engine_option)
     variants = {v: {**options, **common.engine_options([x for x in v.split(",") if x])} for v in a.variant} \
         or {"": options}
@@ -394,10 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[-1] = {"variant": label, **rows[-1]}
             print({k: rows[-1].get(k) for k in COLUMNS}, flush=True)
     fastgen.release(pm)
-    notes = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode "
-             "step; gemm_bandwidth_fraction: weight bytes of one step over the summed GEMM time, against the "
-             "measured copy bandwidth; fraction_of_floor: the bandwidth floor's step time over the measured wall.")
-    common.write_results("fastgen_profile", data, rows, COLUMNS, notes)  # smoke mode: /tmp only
+    common.write_results("fastgen_profile", data, rows, COLUMNS, NOTES)  # smoke mode: /tmp only
     return 0 if rows and not any("error" in r for r in rows) else 1
 
 

@@ -119,3 +119,49 @@ def test_top_kernels_sums_each_name_per_replay(profile: ModuleType) -> None:
     top = profile.top_kernels(events, reps=2, n=1)
     assert top == [{"name": "gemm_a", "count": 2.0, "us": 22.0}]
     assert [r["name"] for r in profile.top_kernels(events, reps=2)] == ["gemm_a", "rms_norm"]
+
+
+def test_a_fused_engines_gemm_sum_takes_the_fused_shapes(profile: ModuleType) -> None:
+    """The step's GEMM sum follows the engine: a fused engine's q/k/v and gate/up are the fused shapes' times, so
+    its `rest` is not short by the saving (the 2026-12-04 A/B first read -0.02 ms, then 0.47 after the fix)."""
+    def part(n: int, ms: float) -> dict[str, float]:
+        return {"n": n, "k": 4, "per_step": 2, "ms": ms}
+
+    parts = {"q_proj": part(8, 1.0), "k_proj": part(2, 0.5), "v_proj": part(2, 0.5), "o_proj": part(4, 0.7),
+             "gate_proj": part(16, 2.0), "up_proj": part(16, 2.0), "down_proj": part(4, 1.5),
+             "lm_head": part(32, 0.3), "qkv_fused": part(12, 1.2), "gate_up_fused": part(32, 3.0)}
+    apart = profile.gemm_columns({k: dict(v) for k, v in parts.items()}, 8, 1e6, fused=False)
+    fused = profile.gemm_columns({k: dict(v) for k, v in parts.items()}, 8, 1e6, fused=True)
+    assert apart["gemm_ms"] == 8.5 and fused["gemm_ms"] == 1.2 + 0.7 + 3.0 + 1.5 + 0.3
+    assert apart["fusion_saving_ms"] == fused["fusion_saving_ms"] == round(8.5 - 6.7, 4)
+    # the same weight bytes either way: the fused step reads them faster
+    assert fused["gemm_bandwidth_fraction"] > apart["gemm_bandwidth_fraction"]
+    row = {"replay_ms": 10.0, "attention_ms": 1.0, **fused}
+    profile.derive_rest(row)
+    assert row["rest_ms"] == round(10.0 - 6.7 - 1.0, 4)
+
+
+def test_rederive_recomputes_the_sums_and_keeps_the_timings(profile: ModuleType, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import common
+
+    parts = {name: {"n": 4, "k": 4, "per_step": 1, "ms": 1.0} for name in
+             ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")}
+    parts |= {"qkv_fused": {"n": 12, "k": 4, "per_step": 1, "ms": 2.0},
+              "gate_up_fused": {"n": 8, "k": 4, "per_step": 1, "ms": 1.5}}
+    run = {"date": "2026-12-04T18:37:07Z", "gpu": {"name": "H200"}, "ceilings": {"copy_bandwidth_Bps": 1e9},
+           "table": [{"variant": "fuse_projections=true", "batch": 8, "replay_ms": 9.0, "attention_ms": 0.5,
+                      "gemm_ms": 8.0, "rest_ms": 0.5, "fused_gemms_saved": 108, "gemm_parts": parts},
+                     {"variant": "", "batch": 8, "replay_ms": 9.5, "attention_ms": 0.5, "gemm_ms": 8.0,
+                      "rest_ms": 1.0, "fused_gemms_saved": 0, "gemm_parts": parts}]}
+    src = tmp_path / "run.json"
+    src.write_text(json.dumps(run))
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "SMOKE", False)
+    monkeypatch.delenv("OUT", raising=False)
+    assert profile.main(["--rederive", str(src), "--name", "profile_x"]) == 0
+    out = json.loads((tmp_path / "results" / "profile_x.json").read_text())
+    fused, apart = out["table"]
+    assert fused["gemm_ms"] == 2.0 + 1.0 + 1.5 + 1.0 + 1.0 and fused["rest_ms"] == round(9.0 - 6.5 - 0.5, 4)
+    assert apart["gemm_ms"] == 8.0 and apart["rest_ms"] == 1.0
+    assert fused["replay_ms"] == 9.0 and out["date"] == run["date"] and out["rederived"]["from"] == str(src)

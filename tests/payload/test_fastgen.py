@@ -135,6 +135,22 @@ def test_installed_hook_samples_like_trl_generate() -> None:
     assert not fastgen.installed(model)
 
 
+def test_the_hook_says_once_how_it_serves(capsys) -> None:
+    """A training log must say which path its rollouts took: one line after the first served call, naming the
+    shadow and whether the projections were fused (the default), and none on later calls."""
+    model = peft.get_peft_model(_tiny(5), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _prompts(5)
+    fastgen.install(model, compile=False)
+    for _ in range(2):
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rlstack fastgen: serving")]
+    saved = fastgen.get_engine(model).fused_gemms_saved
+    assert saved > 0 and len(lines) == 1
+    assert "shadow, LoRA merged" in lines[0] and f"fused projections ({saved} GEMMs fewer a step)" in lines[0]
+    assert "eager (compile off)" in lines[0]
+    fastgen.uninstall(model)
+
+
 def test_eos_stops_and_pads_like_generate() -> None:
     model = _tiny(6)
     ids, mask = _prompts(6)

@@ -74,6 +74,14 @@ def _embedded_model():
 
 
 def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
+    """Same function on real weights: where fastgen's greedy tokens part from generate's, it is at a near-tie.
+
+    Equal positions alone cannot pin this in bf16: on the H200 this test first asked for 7 of 8 identical rows
+    and got 5, with fusion and without (2026-12-04), while transformers' own compiled path agrees with its eager
+    one on 79 % of positions (bench/results/fastgen_fidelity.md). Both decodes saw the same prefix at a row's
+    first divergence, so generate's logit gap there separates a rounding-sized tie (bf16 logits of this size are
+    0.125-0.25 apart; the bench's largest gap over 16 x 64 tokens was 0.5) from a wrong computation, which
+    leaves gaps of whole logits."""
     from rlstack.payload import prompt
     from rlstack.payload.data import load_problems
 
@@ -82,14 +90,18 @@ def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
     tok.padding_side = "left"
     texts = [prompt.render(tok, p.question) for p in load_problems("generated-easy:8", split="test")]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
-    args = dict(max_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    ref = model.generate(**enc, **args)
+    new = 48
+    args = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id)
+    out = model.generate(**enc, **args, output_scores=True, return_dict_in_generate=True)
     got = fastgen.generate(model, enc["input_ids"], enc["attention_mask"], compile=True, **args)
     p = enc["input_ids"].shape[1]
-    same = [tok.decode(r[p:], skip_special_tokens=True) == tok.decode(g[p:], skip_special_tokens=True)
-            for r, g in zip(ref, got, strict=True)]
-    # bf16 eager vs a compiled graph may split a rare near-tie; real weights leave few of those.
-    assert sum(same) >= 7, [tok.decode(g[p:], skip_special_tokens=True) for g in got]
+    ref, got = out.sequences[:, p:], got[:, p:]
+    parted = fastgen.divergences(ref, got, out.scores)
+    assert fastgen.get_engine(model).fused_gemms_saved > 0  # the default path: fused projections
+    assert all(d.gap <= 1.0 for d in parted), parted
+    # and the rows do not part early everywhere (a cache or position error would make every row differ soon)
+    assert (ref == got).float().mean().item() >= 0.5, parted
 
 
 def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -> None:
@@ -151,8 +163,7 @@ def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_upda
     model.eval()
     ids, mask = _inputs()
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    got = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=True,
-                           fuse_projections=True)
+    got = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=True)  # the default
     eng = fastgen.get_engine(model)
     assert eng.fused_gemms_saved == 2 * 3 and eng.compile_error is None and eng.graph_error is None
     assert (ref == got).float().mean().item() > 0.98
@@ -160,7 +171,8 @@ def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_upda
     sampled = fastgen.generate(model, ids, mask, 24, do_sample=True, top_k=50, pad_token_id=0)
     fastgen.release(model)
     torch.manual_seed(5)
-    apart = fastgen.generate(model, ids, mask, 24, do_sample=True, top_k=50, pad_token_id=0, compile=True)
+    apart = fastgen.generate(model, ids, mask, 24, do_sample=True, top_k=50, pad_token_id=0, compile=True,
+                             fuse_projections=False)
     assert fastgen.get_engine(model).fused_gemms_saved == 0
     # float32: the fused GEMM's columns are the three GEMMs' numbers, up to cuBLAS picking another reduction
     # order for the wider shape (a row that meets a near-tie then diverges)

@@ -13,6 +13,7 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
+from rlstack.payload.fastgen.agreement import Divergence, divergences
 from rlstack.payload.fastgen.engine import (
     FastGenerator,
     FastgenError,
@@ -31,12 +32,14 @@ from rlstack.payload.fastgen.engine import (
 from rlstack.payload.fastgen.hook import failure, install, install_on_trainer, installed, uninstall
 
 __all__ = [
+    "Divergence",
     "FastGenerator",
     "FastgenError",
     "FastgenMemoryError",
     "MemoryPlan",
     "Sampling",
     "check_memory",
+    "divergences",
     "failure",
     "generate",
     "get_engine",

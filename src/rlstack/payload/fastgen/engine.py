@@ -17,6 +17,10 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
   the decode step, so the loop launches nothing but replays (``sample_in_graph``). Off by default: its A/B on
   the H200 (2026-12-04, one lease) gave 4.68 against 4.72 ms a token at 8 sequences and 7.42 against 7.45 at
   64, because the pick's GPU work stays in the graph (0.23 / 0.47 ms); its GPU tests pass.
+* Each layer's q/k/v and gate/up projections run as one GEMM each (``fuse_projections``, ``fastgen.fused``), as
+  vLLM serves them. On by default: its A/B on the H200 (2026-12-04, one process, bench/fastgen_profile.py) gave
+  4.16 against 4.78 ms a token at 8 sequences and 7.02 against 7.47 at 64 (690 -> 582 kernels a step), and the
+  portable GRPO step 2.66 against 3.03 s (rollout 2.17 against 2.42 s); its GPU tests pass.
 * Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
@@ -410,7 +414,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = False) -> None:
+                 fuse_projections: bool = True) -> None:
         import copy
 
         import torch
@@ -712,16 +716,16 @@ class FastGenerator:
       the step;
       not for a call with its own ``generator`` or ``on_logits``, and where its capture fails (``fused_error``)
       the step is captured alone and the pick runs eagerly between replays.
-    * ``fuse_projections=True`` (the merged shadow; default off until measured on a GPU): each layer's q/k/v
-      and gate/up projections run as one GEMM each (``rlstack.payload.fastgen.fused``); ``fused_gemms_saved``
-      says how many GEMMs a step no longer launches (0: nothing could be fused).
+    * ``fuse_projections=True`` (the default; the shadow's own weights only, see the module docstring): each
+      layer's q/k/v and gate/up projections run as one GEMM each (``rlstack.payload.fastgen.fused``);
+      ``fused_gemms_saved`` says how many GEMMs a step no longer launches (0: nothing could be fused).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
-                 fuse_projections: bool = False) -> None:
+                 fuse_projections: bool = True) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -790,6 +794,24 @@ class FastGenerator:
             self._step = torch.compile(self._decode, mode=mode, fullgraph=False, dynamic=False)
         else:
             self._step = self._decode
+
+    def describe(self) -> str:
+        """One line on how this engine serves (the hook prints it once a run), so a training log says which path
+        its rollouts took: the measured step time means little without it."""
+        if self._shadow is not None:
+            shadow = f"{str(self.dtype).removeprefix('torch.')} shadow, LoRA merged"
+        else:
+            shadow = "the model's own modules" if self.peft else "the model's weights"
+        parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"
+                 if self.fused_gemms_saved else "projections apart",
+                 f"graph {self.graph}" if self.compile else "eager (compile off)"]
+        if self.compile_mode:
+            parts.append(f"compile mode {self.compile_mode}")
+        if self.sample_in_graph:
+            parts.append("pick inside the graph")
+        if self.patches:
+            parts.append(f"pristine copy of {len(self.patches)} patched members")
+        return ", ".join(parts)
 
     @property
     def fused_gemms_saved(self) -> int:

@@ -11,6 +11,9 @@ Fallback, once: the first exception of any kind in the fast path (an option fast
 that cannot be built, not enough GPU memory, a compile or CUDA error) prints its reason once, frees the engine
 and sends this and every later call of the run to the original ``generate``. Why not retry: each retry would
 rebuild the shadow (seconds, and gigabytes) to fail the same way, every step.
+
+Once it has served a call, the hook says how, once (``FastGenerator.describe``: the shadow, fused projections,
+the graph mode), so a training log records which path its rollouts took.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rlstack.payload.fastgen.engine import (
 
 _ORIGINAL_ATTR = "_rlstack_fastgen_original_generate"
 _FAILED_ATTR = "_rlstack_fastgen_failed"
+_ANNOUNCED_ATTR = "_rlstack_fastgen_announced"
 log = logging.getLogger(__name__)
 
 
@@ -80,6 +84,7 @@ def uninstall(model: Any) -> None:
     del model.__dict__[_ORIGINAL_ATTR]
     model.__dict__.pop(ENGINE_ATTR, None)
     model.__dict__.pop(_FAILED_ATTR, None)
+    model.__dict__.pop(_ANNOUNCED_ATTR, None)
 
 
 def _mark_failed(model: Any, exc: BaseException) -> None:
@@ -108,4 +113,9 @@ def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: d
     if resolved.return_dict_in_generate or resolved.output_scores or resolved.output_logits:
         raise FastgenError("fastgen returns plain token tensors only", "")
     sampling, max_new_tokens = sampling_from_resolved(resolved)
-    return get_engine(model, **options).generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
+    engine = get_engine(model, **options)
+    out = engine.generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
+    if not vars(model).get(_ANNOUNCED_ATTR):  # after the first call: the shadow, graph and fusion exist by then
+        object.__setattr__(model, _ANNOUNCED_ATTR, True)
+        print(f"rlstack fastgen: serving rollouts: {engine.describe()}", file=sys.stderr, flush=True)
+    return out
