@@ -14,7 +14,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               sampling, EOS bookkeeping, the next step's inputs (pick_in_graph_ms = the difference)
   loop        wall - the replayed graph: what runs between replays (with the pick outside the graph, sampling:
               `sampling`, timed apart as the eager calls it is; `pick_parts`: its top-k threshold, the other
-              warpers with the softmax, and the draw, each replayed as a graph)
+              warpers with the softmax, and the draw, each replayed as a graph). With attend_bucket the loop
+              replays shorter graphs than the whole-cache one timed here, so loop understates: wall decides
   gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
               CUDA graph of its launches in a step (a distinct weight per layer), summed as the engine runs
               them (q/k/v and gate/up as one GEMM each where it fused them); each shape's bytes/s against the
@@ -347,8 +348,9 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
                            "graph_error": eng.graph_error}
-    entry = eng._graphs.get((batch, cache_len)) if cache_len else None
-    fused = eng._fused.get((batch, cache_len, sampling)) if cache_len else None
+    # the graph over the whole cache (with attend_bucket, the one of the generation's last read length)
+    entry = eng._graphs.get((batch, cache_len, cache_len)) if cache_len else None
+    fused = eng._fused.get((batch, cache_len, cache_len, sampling)) if cache_len else None
     if entry is not None and cache_len:
         rewind = rewinder(eng, batch, cache_len, prompt_len)
         room = cache_len - prompt_len - 1  # replays from the first decode slot on, staying inside the cache

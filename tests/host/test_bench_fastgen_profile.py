@@ -52,13 +52,15 @@ def test_the_fused_shapes_hold_exactly_the_weights_they_replace(profile: ModuleT
 def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
     proc = subprocess.run([sys.executable, str(BENCH / "fastgen_profile.py"), "--batches", "2",
-                           "--attention-lengths", "32,64", "--variant", "", "--variant", "fuse_projections=true"],
+                           "--attention-lengths", "32,64", "--variant", "fuse_projections=false", "--variant", ""],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
     row, fused = data["table"]
-    assert (row["variant"], fused["variant"]) == ("", "fuse_projections=true")
-    assert row["fused_gemms_saved"] == 0 and fused["fused_gemms_saved"] > 0  # a fresh engine per variant
+    assert (row["variant"], fused["variant"]) == ("fuse_projections=false", "")
+    # a fresh engine per variant; the default fuses, and the GEMM sum follows it
+    assert row["fused_gemms_saved"] == 0 and fused["fused_gemms_saved"] > 0
+    assert fused["gemm_fused"] and not row["gemm_fused"]
     assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
     assert {"warp_ms", "draw_ms", "topk_ms", "topk_two_stage_ms"} <= set(row["pick_parts"]) and all(
         v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary

@@ -674,3 +674,52 @@ def test_groups_with_a_bias_or_shared_weights_are_not_fused() -> None:
     parent.up_proj = torch.nn.Linear(8, 6, bias=False)
     assert fused.plan(parent, owned=lambda name: True) == [("", ("gate_proj", "up_proj"))]
     assert fused.plan(parent, owned=lambda name: name != "up_proj") == []
+
+
+def test_attend_bucket_reads_the_filled_slots_and_decodes_what_generate_decodes(monkeypatch) -> None:
+    """attend_bucket: each decode step's attention reads the filled cache slots rounded up to the bucket, not the
+    whole cache, and the tokens stay generate's (greedy, and seeded sampling: the masked tail contributed
+    exp(-inf) = 0, so dropping it changes nothing but the reduction's length)."""
+    from rlstack.payload.fastgen import engine as engine_mod
+
+    reads: list[int] = []
+    own = engine_mod.gqa_decode_attention
+
+    def spy(module, query, key, value, mask, *args, **kwargs):
+        if query.shape[2] == 1 and module.layer_idx == 0:
+            reads.append(min(kwargs.get(engine_mod.READ_KWARG) or key.shape[2], key.shape[2]))
+        return own(module, query, key, value, mask, *args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "gqa_decode_attention", spy)
+    model = peft.get_peft_model(_tiny(21), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(21)  # 9 prompt tokens; 40 new: slots 9..48 of a 128-slot cache
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=False, attend_bucket=16)
+    assert torch.equal(ref, got)
+    engine = fastgen.get_engine(model)
+    assert engine.attend_bucket == 16
+    # decode steps k = 1..39 fill slots up to 9 + k: 10..48 -> reads of 16, 32, 48 (prefill not counted)
+    assert reads == [engine.read_length(9 + k, 128) for k in range(1, 40)]
+    assert sorted(set(reads)) == [16, 32, 48]
+    torch.manual_seed(4)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=True, top_k=50,
+                         pad_token_id=0)
+    torch.manual_seed(4)
+    got = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0)
+    assert torch.equal(ref, got)
+
+
+def test_attend_bucket_off_reads_the_whole_cache_and_bad_values_are_refused() -> None:
+    model = _tiny(22)
+    engine = fastgen.FastGenerator(model, compile=False)
+    assert engine.attend_bucket == 0 and engine.read_length(10, 128) == 128
+    assert fastgen.FastGenerator(model, compile=False, attend_bucket=64).read_length(65, 128) == 128
+    for bad in (-1, 2.5, True):
+        with pytest.raises(fastgen.FastgenError, match="attend_bucket must be"):
+            fastgen.FastGenerator(model, compile=False, attend_bucket=bad)
+    with pytest.raises(fastgen.FastgenError, match="needs fastgen's own decode attention"):
+        fastgen.FastGenerator(model, compile=False, attend_bucket=64, gqa_attention=False)
+    lora = peft.get_peft_model(_tiny(23), peft.LoraConfig(r=4, target_modules="all-linear"))
+    with pytest.raises(fastgen.FastgenError, match="needs fastgen's own decode attention"):
+        fastgen.FastGenerator(lora, compile=False, attend_bucket=64, merge_lora=False)

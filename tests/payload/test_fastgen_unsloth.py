@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import types
+from typing import Any
 
 import pytest
 
@@ -258,20 +259,23 @@ def _hf_tokens(ref, inputs, gc, seed: int):
     return out
 
 
-@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("options", [{"fuse_projections": False}, {}, {"attend_bucket": 8}],
+                         ids=["separate", "fused", "fused-attend8"])
 @pytest.mark.parametrize("four_bit", [False, True], ids=["bf16-shape", "qlora-4bit"])
 def test_unsloth_loaded_model_generates_hf_tokens_through_fastgen(tiny_folder, unsloth, four_bit: bool,
-                                                                  fuse: bool) -> None:
+                                                                  options: dict[str, Any]) -> None:
     """Greedy and seeded sampling: exact token equality with HF generate on the same (unpatched) weights; the
     fast path never calls Unsloth's generate or its patched forwards, and follows LoRA updates between calls.
-    Also with fuse_projections: the pristine copy's q/k/v and gate/up over the dequantized, merged weights."""
+    With fuse_projections (the default): the pristine copy's q/k/v and gate/up over the dequantized, merged
+    weights; with attend_bucket: its attention reading 16, then 24 and 32 of the cache's 128 slots."""
+    fuse = options.get("fuse_projections", True)
     ref = _reference(tiny_folder, four_bit, seed=1)
     unsloth.apply()
     counts = unsloth.counts
     model = unsloth.load(tiny_folder, four_bit, seed=1)
     _copy_lora(ref, model)
     model.train()
-    fastgen.install(model, compile=False, fuse_projections=fuse)
+    fastgen.install(model, compile=False, **options)
     inputs = _inputs(2)
     for greedy, seed in ((True, 0), (False, 5), (False, 6)):
         gc = _trl_config(greedy)

@@ -187,3 +187,31 @@ def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_upda
     got2 = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0)
     assert not torch.equal(got, got2)
     assert (ref2 == got2).float().mean().item() > 0.98
+
+
+def test_attend_bucket_captures_a_graph_per_read_length_and_decodes_as_generate() -> None:
+    """attend_bucket compiled and captured: one graph per read length the generation passes through (each its
+    own compile of the step), greedy tokens as generate's, and sample_in_graph's graphs switch the same way."""
+    model = _model()
+    model.eval()
+    ids, mask = _inputs()
+    p, new = ids.shape[1], 40  # slots 20..59 of a 128-slot cache: reads of 32, 48, 64
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, new, do_sample=False, pad_token_id=0, compile=True, attend_bucket=16)
+    eng = fastgen.get_engine(model)
+    assert eng.compile_error is None and eng.graph_error is None
+    want = sorted({eng.read_length(p + k, 128) for k in range(1, new)})
+    assert want == [32, 48, 64]
+    assert sorted(key[2] for key, entry in eng._graphs.items() if entry is not None) == want
+    assert (ref == got).float().mean().item() > 0.98
+    fastgen.release(model)
+    torch.manual_seed(9)
+    apart = fastgen.generate(model, ids, mask, new, do_sample=True, top_k=50, pad_token_id=0, compile=True,
+                             attend_bucket=16)
+    fastgen.release(model)
+    torch.manual_seed(9)
+    inside = fastgen.generate(model, ids, mask, new, do_sample=True, top_k=50, pad_token_id=0, compile=True,
+                              attend_bucket=16, sample_in_graph=True)
+    eng = fastgen.get_engine(model)
+    assert eng.fused_error is None and sorted(key[2] for key, g in eng._fused.items() if g is not None) == want
+    assert torch.equal(apart, inside)

@@ -40,6 +40,7 @@ from typing import Any
 from rlstack.core.errors import RlstackError
 
 ENGINE_ATTR = "_rlstack_fastgen_engine"
+READ_KWARG = "fastgen_read"  # how many cache slots a decode step's attention reads (attend_bucket)
 
 
 class FastgenError(RlstackError):
@@ -223,14 +224,24 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
     """Attention for the shadow decoder. Decode steps (one query token) use grouped matmuls that read each KV head
     once; transformers' sdpa path with a padding mask first materializes K/V repeated to every query head
     (repeat_kv), which for a static cache is ~4x the cache's bytes written and read again per step. Prefill
-    (several query tokens) goes to transformers' own sdpa function unchanged."""
+    (several query tokens) goes to transformers' own sdpa function unchanged.
+
+    ``fastgen_read`` (a keyword the engine passes through the model's forward, which hands its extra keywords to
+    the attention function in transformers 4.57 and 5.x): read only the cache's first slots, the filled ones
+    rounded up (``attend_bucket``); the slots after them are masked out anyway, so the result is the same up to
+    the reduction's rounding, and the bytes read follow the generation instead of the cache's length."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    read = kwargs.pop(READ_KWARG, None)
     b, h, q, d = query.shape
     if q != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    if read is not None and read < key.shape[2]:
+        key, value = key[:, :, :read], value[:, :, :read]
+        if attention_mask is not None:
+            attention_mask = attention_mask[..., :read]
     kv = key.shape[1]
     g = h // kv
     scale = scaling if scaling is not None else d ** -0.5
@@ -719,13 +730,16 @@ class FastGenerator:
     * ``fuse_projections=True`` (the default; the shadow's own weights only, see the module docstring): each
       layer's q/k/v and gate/up projections run as one GEMM each (``rlstack.payload.fastgen.fused``);
       ``fused_gemms_saved`` says how many GEMMs a step no longer launches (0: nothing could be fused).
+    * ``attend_bucket=N`` (default 0, off until measured on a GPU): a decode step's attention reads the filled
+      cache slots rounded up to N instead of the whole cache (``read_length``); one compiled step and graph per
+      read length. Needs fastgen's own decode attention (``gqa_attention`` and the merged shadow).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
-                 fuse_projections: bool = True) -> None:
+                 fuse_projections: bool = True, attend_bucket: int = 0) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -741,6 +755,13 @@ class FastGenerator:
         self.pristine = pristine
         self.sample_in_graph = sample_in_graph
         self.fuse_projections = fuse_projections
+        if not isinstance(attend_bucket, int) or isinstance(attend_bucket, bool) or attend_bucket < 0:
+            raise FastgenError(f"fastgen: attend_bucket must be a number of cache slots >= 0, not {attend_bucket!r}",
+                               "0 reads the whole cache; e.g. 256 reads the filled slots rounded up to 256")
+        if attend_bucket and not (gqa_attention and (self.merge_lora or not self.peft)):
+            raise FastgenError("fastgen: attend_bucket needs fastgen's own decode attention",
+                               "keep gqa_attention=True and merge_lora=True (the defaults), or attend_bucket=0")
+        self.attend_bucket = attend_bucket
         # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
@@ -749,8 +770,10 @@ class FastGenerator:
         self.patches: list[str] = []  # what made the shadow a pristine copy (Unsloth's class patches)
         self.last_plan: MemoryPlan | None = None
         self._caches: dict[tuple[int, int], Any] = {}
-        self._graphs: dict[tuple[int, int], Any] = {}  # (batch, length) -> (graph, logits) of the step alone
-        self._fused: dict[tuple[int, int, Sampling], Any] = {}  # + sampling -> graph of the step and the pick
+        # (batch, length, slots read) -> (graph, logits) of the step alone; slots read == length without
+        # attend_bucket
+        self._graphs: dict[tuple[int, int, int], Any] = {}
+        self._fused: dict[tuple[int, int, int, Sampling], Any] = {}  # + sampling -> graph of the step and the pick
         self._loops: dict[tuple[int, int], _Loop] = {}
         self._eos: dict[tuple[int, ...], Any] = {}
         self.fused_error: str | None = None
@@ -805,6 +828,8 @@ class FastGenerator:
         parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"
                  if self.fused_gemms_saved else "projections apart",
                  f"graph {self.graph}" if self.compile else "eager (compile off)"]
+        if self.attend_bucket:
+            parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
             parts.append(f"compile mode {self.compile_mode}")
         if self.sample_in_graph:
@@ -834,10 +859,18 @@ class FastGenerator:
         self._build()
 
     def _decode(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
-                cache_position: Any = None) -> Any:
+                cache_position: Any = None, read: int | None = None) -> Any:
+        extra = self._cache_kwargs(cache_position) | ({READ_KWARG: read} if read is not None else {})
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           past_key_values=cache, use_cache=True, **self._cache_kwargs(cache_position))
+                           past_key_values=cache, use_cache=True, **extra)
         return out.logits[:, -1, :].float()
+
+    def read_length(self, filled: int, length: int) -> int:
+        """The cache slots a decode step's attention reads when ``filled`` slots hold keys (this step's
+        included): all ``length`` of them, or with ``attend_bucket`` the filled ones rounded up to it. Each
+        distinct value is its own compiled step and CUDA graph, so a generation through a cache of L slots
+        captures up to L / attend_bucket graphs (on the first call of each shape, like the one it replaces)."""
+        return min(length, _round_up(filled, self.attend_bucket)) if self.attend_bucket else length
 
     def _cache_kwargs(self, cache_position: Any) -> dict[str, Any]:
         """``cache_position`` where the decoder's forward takes it (transformers 4.x). Why pass it: without it,
@@ -855,12 +888,12 @@ class FastGenerator:
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
     def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
-                     cache_position: Any = None) -> Any:
+                     cache_position: Any = None, read: int | None = None) -> Any:
         """One decode step through the compiled function; if compilation itself fails (an unsupported model or
         torch build), fall back to eager decoding, with a warning, rather than failing the training run. The
         cache length is rolled back first because the failed call may have advanced it."""
         if not self.compile:
-            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position)
+            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position, read)
         import torch
 
         if self.graph == "trees":
@@ -868,14 +901,14 @@ class FastGenerator:
         snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
         try:
             if self._compiled_ok:
-                return self._step(input_ids, attention_mask, position_ids, cache, cache_position)
+                return self._step(input_ids, attention_mask, position_ids, cache, cache_position, read)
             # Unsloth turns torch._dynamo.config.suppress_errors on for the whole process (unsloth_zoo
             # patching_utils.py): a failed compile would then run eager in silence, under fastgen's name and at
             # eager speed. The first compiled call raises instead, so the handler below says what failed.
             import torch._dynamo
 
             with torch._dynamo.config.patch(suppress_errors=False):
-                out = self._step(input_ids, attention_mask, position_ids, cache, cache_position)
+                out = self._step(input_ids, attention_mask, position_ids, cache, cache_position, read)
             self._compiled_ok = True
             return out
         except Exception as exc:
@@ -891,7 +924,7 @@ class FastGenerator:
             self._step = self._decode
             for cur, old in zip(self._lengths(cache), snapshot or [], strict=False):
                 cur.copy_(old)
-            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position)
+            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position, read)
 
     def _capture(self, cache: Any, loop: _Loop, body: Callable[[], Any],
                  warm: Callable[[], Any] | None = None) -> tuple[Any, Any] | None:
@@ -931,17 +964,20 @@ class FastGenerator:
             restore()
             torch.cuda.set_rng_state(rng, self.device)
 
-    def _captured(self, key: tuple[int, int], cache: Any, mask: Any, loop: _Loop) -> Any:
-        """(graph, logits) of one decode step alone for this cache, reading the loop's token, position and
-        (transformers 4.x) slot in place; captured on first use. None when capture is impossible (graph_error)."""
+    def _captured(self, key: tuple[int, int, int], cache: Any, mask: Any, loop: _Loop) -> Any:
+        """(graph, logits) of one decode step alone for this cache and read length (key: batch, length, slots
+        read), reading the loop's token, position and (transformers 4.x) slot in place; captured on first use
+        (a later read length mid-generation: the warm-ups write the slot the next real step overwrites, as
+        after a prefill). None when capture is impossible (graph_error)."""
         if key in self._graphs:
             return self._graphs[key]
         cpos = loop.slot if self._takes_cache_position else None
+        read = self._read_arg(key)
         entry = None
         try:
             # the warm-up goes through _decode_step, which compiles, or falls back to eager and says so
-            entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, cpos),
-                                  warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, cpos))
+            entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, cpos, read),
+                                  warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, cpos, read))
         except Exception as exc:
             self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
             import logging
@@ -951,7 +987,13 @@ class FastGenerator:
         self._graphs[key] = entry
         return entry
 
-    def _captured_fused(self, key: tuple[int, int], cache: Any, mask: Any, loop: _Loop, sampling: Sampling) -> Any:
+    def _read_arg(self, key: tuple[int, int, int]) -> int | None:
+        """What _decode passes as the read length: None for the whole cache, so that without attend_bucket the
+        compiled step is the one it always was (no extra keyword)."""
+        return key[2] if key[2] < key[1] else None
+
+    def _captured_fused(self, key: tuple[int, int, int], cache: Any, mask: Any, loop: _Loop,
+                        sampling: Sampling) -> Any:
         """The graph of one decode step and the pick after it (sample_in_graph); None where it cannot be captured
         (fused_error, said once per shape) or the step alone could not be: the caller then replays the step
         alone. The step alone is captured first either way: its capture proves the compiled step (and the
@@ -963,9 +1005,10 @@ class FastGenerator:
         if self._captured(key, cache, mask, loop) is not None:  # the step compiles and captures alone first
             cpos = loop.slot if self._takes_cache_position else None
             eos = self._eos_tensor(sampling.eos_token_ids)
+            read = self._read_arg(key)
 
             def body() -> None:
-                self._pick(self._step(loop.tok, mask, loop.pos, cache, cpos), loop, sampling, eos)
+                self._pick(self._step(loop.tok, mask, loop.pos, cache, cpos, read), loop, sampling, eos)
 
             try:
                 captured = self._capture(cache, loop, body)
@@ -974,8 +1017,8 @@ class FastGenerator:
                 self.fused_error = f"{type(exc).__name__}: {exc}"[:500]
                 import logging
 
-                logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph of (%d, %d), "
-                                                    "sampling between replays: %s", *key, self.fused_error)
+                logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph of (%d, %d, "
+                                                    "%d), sampling between replays: %s", *key, self.fused_error)
         self._fused[fkey] = graph
         return graph
 
@@ -1103,13 +1146,18 @@ class FastGenerator:
         # captured only now: the warm-up runs decode token 0 into the slot the first real step overwrites (the
         # loop's slot before this pick was the prompt's last, which a 4.x cache would have lost)
         fused = captured = None
-        if self.graph == "manual" and max_new_tokens > 1:
-            if self.sample_in_graph and generator is None and on_logits is None:
-                fused = self._captured_fused((batch, total), cache, full_mask, loop, sampling)
-            if fused is None:
-                captured = self._captured((batch, total), cache, full_mask, loop)
+        read = 0
         steps_done = max_new_tokens
         for k in range(1, max_new_tokens):  # decode the token picked at k - 1, then pick token k
+            # this step writes slot prompt_len + k - 1 and attends over every slot up to it
+            if (new_read := self.read_length(prompt_len + k, total)) != read:
+                read = new_read
+                if self.graph == "manual":
+                    key = (batch, total, read)
+                    fused = None
+                    if self.sample_in_graph and generator is None and on_logits is None:
+                        fused = self._captured_fused(key, cache, full_mask, loop, sampling)
+                    captured = self._captured(key, cache, full_mask, loop) if fused is None else None
             if fused is not None:
                 fused.replay()  # both in one replay
             else:
@@ -1118,7 +1166,8 @@ class FastGenerator:
                     logits = captured[1]
                 else:
                     logits = self._decode_step(loop.tok, full_mask, loop.pos, cache,
-                                               loop.slot if self._takes_cache_position else None)
+                                               loop.slot if self._takes_cache_position else None,
+                                               read if read < total else None)
                 if on_logits is not None:
                     on_logits(k, logits)
                 self._pick(logits, loop, sampling, eos, generator)
@@ -1202,8 +1251,8 @@ def generate(model: Any, input_ids: Any, attention_mask: Any | None = None, max_
 
     Pass either a transformers ``generation_config`` (resolved exactly like ``generate`` does, including its
     global defaults such as top_k=50) or the explicit sampling arguments. ``engine_options`` (compile, merge_lora,
-    length_bucket, compile_mode, sample_in_graph, fuse_projections, ...: FastGenerator's) configure the per-model
-    engine the first time it is created.
+    length_bucket, compile_mode, sample_in_graph, fuse_projections, attend_bucket, ...: FastGenerator's) configure
+    the per-model engine the first time it is created.
     """
     if generation_config is not None:
         sampling, max_new_tokens = sampling_from_generation_config(generation_config, model)

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 def install(model: Any, **engine_options: Any) -> Any:
     """Make ``model.generate`` use fastgen (engine built lazily on the first call). Returns the model.
 
-    engine_options: compile (default: on CUDA), merge_lora (default True), length_bucket (128),
-    compile_mode, graph ("manual"), memory_check (default: on CUDA), pristine (default: when patched).
+    engine_options: FastGenerator's: compile (default: on CUDA), merge_lora (default True), length_bucket (128),
+    compile_mode, graph ("manual"), memory_check (default: on CUDA), pristine (default: when patched),
+    fuse_projections (default True), sample_in_graph (False), attend_bucket (0).
     """
     if installed(model):
         return model
