@@ -54,8 +54,8 @@ NUM_GENERATIONS = 8  # sequences per prompt, as the default recipe's GRPO step
 PROMPT_LENS = (150, 170, 190, 210)
 TOP_K = 50
 PEERS = Path(os.environ.get("RLSTACK_PEERS_DIR", "/tmp/rlstack-peers-smoke" if common.SMOKE else "/tmp/rlstack-peers"))
-COLUMNS = ["engine", "loader", "quant", "batch", "new_tokens", "tokens_per_s", "ms_per_step", "fraction_of_floor",
-           "first_call_s", "median_s", "prompt_len", "peak_gib", "stack", "run_id", "error"]
+COLUMNS = ["engine", "loader", "quant", "options", "batch", "new_tokens", "tokens_per_s", "ms_per_step",
+           "fraction_of_floor", "first_call_s", "median_s", "prompt_len", "peak_gib", "stack", "run_id", "error"]
 
 
 def out_dir() -> Path:
@@ -147,7 +147,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 "--batches", a.batches, "--slow-batches", a.slow_batches, "--reps", str(a.reps),
                 "--new-tokens", str(a.new_tokens),
                 "--load-in-4bit", a.load_in_4bit, "--fastgen-loader", a.fastgen_loader,
-                "--vllm-memory", str(a.vllm_memory)]
+                "--vllm-memory", str(a.vllm_memory), *(f"--engine-option={o}" for o in a.engine_option)]
         t0 = time.perf_counter()
         try:
             rc = subprocess.run(argv, timeout=a.engine_timeout).returncode
@@ -161,14 +161,17 @@ def cmd_run(a: argparse.Namespace) -> int:
 class Result:
     """The rows of one engine process, written after every batch."""
 
-    def __init__(self, engine: str, stack: str, run_id: str) -> None:
+    def __init__(self, engine: str, stack: str, run_id: str, options: dict[str, Any] | None = None) -> None:
         self.engine, self.stack, self.run_id = engine, stack, run_id
         self.rows: list[dict[str, Any]] = []
-        self.path = out_dir() / f"{stack}-{engine}.json"
+        # a run with engine options is another file: it must not replace the default path's rows
+        self.options = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items())) or None
+        self.path = out_dir() / f"{stack}-{engine}{'-' + self.options if self.options else ''}.json"
         self.meta: dict[str, Any] = {**common.header(), "engine_versions": engine_versions()}
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append({"engine": self.engine, "stack": self.stack, "run_id": self.run_id, **row})
+        self.rows.append({"engine": self.engine, "stack": self.stack, "run_id": self.run_id,
+                          "options": self.options, **row})
         self.path.write_text(json.dumps({**self.meta, "rows": self.rows}, indent=2, default=str))
         print(json.dumps(self.rows[-1], default=str), flush=True)
 
@@ -316,7 +319,7 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
     if engine == "fastgen":
         from rlstack.payload import fastgen
 
-        fastgen.install(model)
+        fastgen.install(model, **common.engine_options(a.engine_option))
 
         def make(seqs: list[list[int]]) -> Any:
             inputs = left_pad(tok, seqs)
@@ -466,8 +469,12 @@ def cmd_one(a: argparse.Namespace) -> int:
     # before torch, vLLM or Unsloth are imported: with RLSTACK_KERNEL_CACHE set (native_probe.sh sets it), vLLM's
     # second and third engine reuse the first's FlashInfer JIT modules and torch.compile artifacts (~100 s each)
     kernelcache.apply()
+    options = common.engine_options(a.engine_option)
+    if options and a.engine != "fastgen":
+        raise SystemExit(f"--engine-option sets FastGenerator options: it applies to the fastgen engine, "
+                         f"not {a.engine}")
     run_id, ceilings = _prepared()
-    res = Result(a.engine, a.stack, run_id)
+    res = Result(a.engine, a.stack, run_id, options)
     batches = [int(b) for b in (a.slow_batches if a.engine in SLOW_ENGINES else a.batches).split(",") if b]
     try:
         if a.engine in VLLM_ENGINES:
@@ -494,12 +501,15 @@ def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
         data = json.loads(f.read_text())
         rows.extend(data.get("rows", []))
         metas.append({k: data.get(k) for k in ("date", "gpu", "versions", "engine_versions", "host")} |
-                     {"file": f.name})
+                     {"file": f.name, "run_ids": sorted({str(r.get("run_id")) for r in data.get("rows", [])})})
     return rows, metas
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 14's rollout targets, each met / not met / not measured, from the rows of one run id."""
+    """Issue 14's rollout targets, each met / not met / not measured, from the rows of one run id: the default
+    path's, so rows measured with engine options (`options`) do not count."""
+    rows = [r for r in rows if not r.get("options")]
+
     def tps(engine: str, batch: int, loader: str | None = None) -> float | None:
         for r in rows:
             if r["engine"] == engine and r.get("batch") == batch and r.get("tokens_per_s") and \
@@ -543,6 +553,9 @@ def cmd_merge(a: argparse.Namespace) -> int:
     if run_id is None:
         raise SystemExit(f"rows of several run ids {run_ids}: pick one with --run-id (one lease, one comparison)")
     rows = [r for r in rows if r["run_id"] == run_id]
+    # the header and engine_files are the files of this run id only (another lease's file in the same folder
+    # would lend its date and machine to a table it has no row in)
+    metas = [{k: v for k, v in m.items() if k != "run_ids"} for m in metas if run_id in m["run_ids"]]
     for r in rows:
         if r.get("loader") == "vllm":
             # vLLM allocates in its EngineCore process: this process's torch counter read 0 there, which says
@@ -595,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--fastgen-loader", choices=("auto", "unsloth", "transformers"), default="auto",
                        help="auto: the stack's default loader (Unsloth where it imports on CUDA)")
         q.add_argument("--vllm-memory", type=float, default=0.5, help="vLLM gpu_memory_utilization")
+        common.add_engine_option(q, "fastgen's only (e.g. attend_bucket=256): its rows say so in `options`, go to "
+                                    "their own file, and the targets count only the rows without (the default path)")
 
     p = sub.add_parser("run", help="measure engines, each in its own process")
     engine_args(p)

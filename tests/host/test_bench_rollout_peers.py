@@ -76,3 +76,33 @@ def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path) -> No
     proc = _merge(str(tmp_path))
     assert proc.returncode != 0 and "pick one with --run-id" in proc.stderr
     assert _merge(str(tmp_path), "--run-id", "r2").returncode == 0
+    data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
+    assert [m["file"] for m in data["engine_files"]] == ["b.json"]  # the other lease's file lends nothing
+
+
+def test_targets_count_only_the_default_paths_rows(peers: ModuleType) -> None:
+    """A fastgen row measured with engine options (`options`, e.g. attend_bucket=256) is not the default path:
+    the targets skip it, so an option under test cannot meet (or miss) a target in the default's name."""
+    rows = [_row("vllm-bf16", 8, 2000.0),
+            _row("fastgen", 8, 2100.0, loader="unsloth", options="attend_bucket=256", fraction_of_floor=0.7),
+            _row("fastgen", 8, 1900.0, loader="unsloth", fraction_of_floor=0.45)]
+    at8 = next(g for g in peers.targets(rows) if g["target"].endswith("vLLM bf16 at 8"))
+    assert at8["value"] == pytest.approx(0.95) and at8["met"] is False
+    floor = next(g for g in peers.targets(rows) if "floor" in g["target"])
+    assert floor["value"] == pytest.approx(0.45)
+
+
+def test_engine_options_go_to_their_own_file_and_only_to_fastgen(peers: ModuleType, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import common
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(common, "header", lambda: {"date": "2026-12-04T19:00:00Z"})
+    monkeypatch.setattr(peers, "engine_versions", lambda: {})
+    res = peers.Result("fastgen", "portable", "r1", {"attend_bucket": 256})
+    res.add({"batch": 8, "tokens_per_s": 1.0})
+    default = peers.Result("fastgen", "portable", "r1")
+    assert res.path.name == "portable-fastgen-attend_bucket=256.json" and default.path.name == "portable-fastgen.json"
+    assert json.loads(res.path.read_text())["rows"][0]["options"] == "attend_bucket=256"
+    with pytest.raises(SystemExit, match="applies to the fastgen engine"):
+        peers.main(["one", "vllm-bf16", "--stack", "fp8", "--engine-option", "attend_bucket=256"])
