@@ -143,7 +143,7 @@ def test_the_hook_says_once_how_it_serves(capsys) -> None:
     fastgen.install(model, compile=False)
     for _ in range(2):
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rlstack fastgen: serving")]
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rlstack fastgen: generating with")]
     saved = fastgen.get_engine(model).fused_gemms_saved
     assert saved > 0 and len(lines) == 1
     assert "shadow, LoRA merged" in lines[0] and f"fused projections ({saved} GEMMs fewer a step)" in lines[0]

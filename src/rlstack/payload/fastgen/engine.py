@@ -822,7 +822,7 @@ class FastGenerator:
         """One line on how this engine serves (the hook prints it once a run), so a training log says which path
         its rollouts took: the measured step time means little without it."""
         if self._shadow is not None:
-            shadow = f"{str(self.dtype).removeprefix('torch.')} shadow, LoRA merged"
+            shadow = f"{str(self.dtype).removeprefix('torch.')} shadow" + (", LoRA merged" if self.peft else "")
         else:
             shadow = "the model's own modules" if self.peft else "the model's weights"
         parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"

@@ -40,10 +40,7 @@ log = logging.getLogger(__name__)
 def install(model: Any, **engine_options: Any) -> Any:
     """Make ``model.generate`` use fastgen (engine built lazily on the first call). Returns the model.
 
-    engine_options: FastGenerator's: compile (default: on CUDA), merge_lora (default True), length_bucket (128),
-    compile_mode, graph ("manual"), memory_check (default: on CUDA), pristine (default: when patched),
-    fuse_projections (default True), sample_in_graph (False), attend_bucket (0).
-    """
+    engine_options: FastGenerator's keyword arguments (its docstring says each one and its default)."""
     if installed(model):
         return model
     original = model.generate  # bound method of the class (under Unsloth: PeftModel.generate -> Unsloth's)
@@ -118,5 +115,5 @@ def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: d
     out = engine.generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
     if not vars(model).get(_ANNOUNCED_ATTR):  # after the first call: the shadow, graph and fusion exist by then
         object.__setattr__(model, _ANNOUNCED_ATTR, True)
-        print(f"rlstack fastgen: serving rollouts: {engine.describe()}", file=sys.stderr, flush=True)
+        print(f"rlstack fastgen: generating with {engine.describe()}", file=sys.stderr, flush=True)
     return out
