@@ -15,7 +15,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
   loop        wall - the replayed graph: what runs between replays (with the pick outside the graph, sampling:
               `sampling`, timed apart as the eager calls it is; `pick_parts`: its top-k threshold, the other
               warpers with the softmax, and the draw, each replayed as a graph). With attend_bucket the loop
-              replays shorter graphs than the whole-cache one timed here, so loop understates: wall decides
+              replays a graph per read length: each is timed (`replay_by_read`), their mean over the
+              generation's steps is `replay_mean_ms`, and loop = wall - that mean
   gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
               CUDA graph of its launches in a step (a distinct weight per layer), summed as the engine runs
               them (q/k/v and gate/up as one GEMM each where it fused them); each shape's bytes/s against the
@@ -58,10 +59,10 @@ import common
 import rollout_generation as rg
 
 PROMPT_LENS = (150, 170, 190, 210)
-COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_fused_ms", "pick_in_graph_ms",
-           "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms", "attention_filled_ms",
-           "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step", "floor_ms", "fraction_of_floor",
-           "fused_gemms_saved", "fused_error"]
+COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_mean_ms", "replay_fused_ms",
+           "pick_in_graph_ms", "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms",
+           "attention_filled_ms", "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step",
+           "floor_ms", "fraction_of_floor", "fused_gemms_saved", "fused_error"]
 NOTES = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode step; "
          "gemm: the step's GEMMs as the engine runs them (the fused shapes where fused_gemms_saved > 0); "
          "gemm_bandwidth_fraction: weight bytes of one step over that GEMM time, against the measured copy "
@@ -328,6 +329,14 @@ def kernels_per_replay(graph: Any, rewind: Any, reps: int = 3) -> tuple[int | No
     return (round(len(kernels) / reps) if kernels else None), top_kernels(kernels, reps)
 
 
+def replay_mean(by_read: dict[int, float], read_length: Any, prompt_len: int, new_tokens: int,
+                cache_len: int) -> float:
+    """What the decode loop's replays average when each read length's graph takes `by_read[r]` ms: decode step
+    k (1 .. new_tokens - 1) fills prompt_len + k slots and replays the graph of read_length(that, cache_len)."""
+    reads = [read_length(prompt_len + k, cache_len) for k in range(1, new_tokens)]
+    return sum(by_read[r] for r in reads) / len(reads)
+
+
 def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
                   reps: int, options: dict[str, Any], attention_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
     from rlstack.payload import fastgen
@@ -356,6 +365,12 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         room = cache_len - prompt_len - 1  # replays from the first decode slot on, staying inside the cache
         row["replay_ms"] = round(time_replays(entry[0], rewind, room), 4)
         used = row["replay_ms"]
+        if eng.attend_bucket:  # the loop replays a graph per read length: each timed, then weighted by its steps
+            by_read = {key[2]: round(time_replays(e[0], rewind, room), 4)
+                       for key, e in sorted(eng._graphs.items()) if key[:2] == (batch, cache_len) and e is not None}
+            row["replay_by_read"] = {str(r): ms for r, ms in by_read.items()}
+            row["replay_mean_ms"] = used = round(replay_mean(by_read, eng.read_length, prompt_len, new_tokens,
+                                                             cache_len), 4)
         if fused is not None:  # the graph the loop replays: the step and the pick (sample_in_graph)
             row["replay_fused_ms"] = round(time_replays(fused, rewind, room), 4)
             row["pick_in_graph_ms"] = round(row["replay_fused_ms"] - row["replay_ms"], 4)

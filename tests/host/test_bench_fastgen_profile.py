@@ -167,3 +167,13 @@ def test_rederive_recomputes_the_sums_and_keeps_the_timings(profile: ModuleType,
     assert fused["gemm_ms"] == 2.0 + 1.0 + 1.5 + 1.0 + 1.0 and fused["rest_ms"] == round(9.0 - 6.5 - 0.5, 4)
     assert apart["gemm_ms"] == 8.0 and apart["rest_ms"] == 1.0
     assert fused["replay_ms"] == 9.0 and out["date"] == run["date"] and out["rederived"]["from"] == str(src)
+
+
+def test_replay_mean_weights_each_read_length_by_the_steps_it_serves(profile: ModuleType) -> None:
+    """attend_bucket's loop replays a graph per read length: 9 prompt slots, 40 new tokens, buckets of 16 ->
+    steps 1..39 fill 10..48 slots: 7 steps read 16, 16 read 32, 16 read 48."""
+    def read_length(filled: int, length: int) -> int:
+        return min(length, -(-filled // 16) * 16)
+
+    mean = profile.replay_mean({16: 1.0, 32: 2.0, 48: 3.0}, read_length, 9, 40, 128)
+    assert mean == pytest.approx((7 * 1.0 + 16 * 2.0 + 16 * 3.0) / 39)
