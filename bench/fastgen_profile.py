@@ -14,7 +14,7 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               sampling, EOS bookkeeping, the next step's inputs (pick_in_graph_ms = the difference)
   loop        wall - the replayed graph: what runs between replays (with the pick outside the graph, sampling:
               `sampling`, timed apart as the eager calls it is; `pick_parts`: its top-k threshold, the other
-              warpers with the softmax, and the draw, each replayed as a graph). With attend_bucket the loop
+              warpers, and the draw, each replayed as a graph). With attend_bucket the loop
               replays a graph per read length: each is timed (`replay_by_read`), their mean over the
               generation's steps is `replay_mean_ms`, and loop = wall - that mean
   gemm        every projection of the model at M = batch rows (x @ W.T, bf16, cuBLAS), each kind replayed as one
@@ -241,8 +241,9 @@ def two_stage_kth(logits: Any, k: int, chunks: int = 64) -> Any:
 
 def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
     """The pick's GPU work split, each part replayed as a graph (what sample_in_graph's replay holds): the top-k
-    threshold alone (torch.topk over the whole vocabulary, one row per sequence), the rest of the warpers with
-    the softmax, and the draw (Exp(1) noise over the vocabulary, divide, argmax). Why: the pick inside the graph
+    threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
+    them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
+    2026-12-04). Why: the pick inside the graph
     cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200 (2026-12-04), 49 kernels; this says which part, before
     a cheaper one is written."""
     import torch
@@ -251,9 +252,9 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
 
     logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
     invalid = torch.zeros(batch, dtype=torch.bool, device=common.DEVICE)
-    probs = _warp(logits, sampling)
+    warped = _warp(logits, sampling)
     parts = {"warp_ms": graph_ms(lambda: _warp(logits, sampling)),
-             "draw_ms": graph_ms(lambda: _draw(probs, None, invalid))}
+             "draw_ms": graph_ms(lambda: _draw(warped, None, invalid))}
     if sampling.top_k is not None and sampling.top_k < cfg.vocab_size:
         parts["topk_ms"] = graph_ms(lambda: torch.topk(logits, sampling.top_k, dim=-1))
         parts["topk_two_stage_ms"] = graph_ms(lambda: two_stage_kth(logits, sampling.top_k))

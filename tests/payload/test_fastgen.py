@@ -723,3 +723,25 @@ def test_attend_bucket_off_reads_the_whole_cache_and_bad_values_are_refused() ->
     lora = peft.get_peft_model(_tiny(23), peft.LoraConfig(r=4, target_modules="all-linear"))
     with pytest.raises(fastgen.FastgenError, match="needs fastgen's own decode attention"):
         fastgen.FastGenerator(lora, compile=False, attend_bucket=64, merge_lora=False)
+
+
+def test_the_draw_is_multinomials_draw_without_the_softmax() -> None:
+    """_draw takes argmax(warped - log q) where aten's multinomial takes argmax(softmax(warped) / q) from the same
+    Exp(1) noise: the same token for every row, top-k masked or not (here 2,000 rows of a 5,000-token
+    vocabulary, wide and peaked logits), and a row that is not a distribution is marked, not drawn from."""
+    from rlstack.payload.fastgen.engine import Sampling, _draw, _warp
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2000, 5000, generator=g) * torch.linspace(0.1, 12.0, 2000)[:, None]
+    for sampling in (Sampling(), Sampling(top_k=50), Sampling(temperature=0.7, top_k=20)):
+        warped = _warp(logits, sampling)
+        invalid = torch.zeros(2000, dtype=torch.bool)
+        got = _draw(warped, torch.Generator().manual_seed(1), invalid)
+        want = torch.multinomial(warped.softmax(-1), 1, generator=torch.Generator().manual_seed(1))[:, 0]
+        assert torch.equal(got, want) and not invalid.any()
+    bad = torch.zeros(3, 10)
+    bad[0, 2], bad[1] = float("nan"), float("-inf")
+    bad[2, 5] = float("inf")
+    invalid = torch.zeros(3, dtype=torch.bool)
+    _draw(bad, None, invalid)
+    assert invalid.tolist() == [True, True, True]
