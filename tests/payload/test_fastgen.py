@@ -745,3 +745,48 @@ def test_the_draw_is_multinomials_draw_without_the_softmax() -> None:
     invalid = torch.zeros(3, dtype=torch.bool)
     _draw(bad, None, invalid)
     assert invalid.tolist() == [True, True, True]
+
+
+@pytest.mark.parametrize("options", [{"decode_attention": "flex"},
+                                     {"decode_attention": "flex", "attend_bucket": 16}], ids=["flex", "flex-attend16"])
+def test_flex_decode_attention_decodes_what_generate_decodes(options) -> None:
+    """decode_attention="flex": a decode step attends through torch's flex_attention (eager on the CPU: its
+    reference implementation), the left padding masked by a score_mod; greedy and seeded sampling give generate's
+    tokens, through a LoRA shadow, also reading only the filled slots."""
+    model = peft.get_peft_model(_tiny(24), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(24)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 30, do_sample=False, pad_token_id=0, compile=False, **options)
+    assert torch.equal(ref, got)
+    engine = fastgen.get_engine(model)
+    assert engine.decode_attention == "flex" and engine.decoder.config._attn_implementation.endswith("_flex")
+    assert "flex decode attention" in engine.describe()
+    torch.manual_seed(8)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=True, top_k=50,
+                         pad_token_id=0)
+    torch.manual_seed(8)
+    assert torch.equal(ref, fastgen.generate(model, ids, mask, 30, do_sample=True, top_k=50, pad_token_id=0))
+
+
+def test_the_two_decode_attentions_agree_and_unknown_ones_are_refused() -> None:
+    """The matmul and flex kernels on one decode step's tensors (GQA, a left-padded row, a read length): the same
+    output within float32 rounding; an unknown kind, or flex without fastgen's own attention, is refused."""
+    from rlstack.payload.fastgen import engine as engine_mod
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 8, 1, 16, generator=g)
+    k, v = torch.randn(3, 2, 64, 16, generator=g), torch.randn(3, 2, 64, 16, generator=g)
+    keep = torch.ones(3, 1, 1, 64, dtype=torch.bool)
+    keep[0, ..., :7] = False
+    additive = torch.zeros(3, 1, 1, 64).masked_fill(~keep, float("-inf"))
+    for mask in (keep, additive, None):
+        outs = [fn(None, q, k, v, mask, fastgen_read=48)[0]
+                for fn in (engine_mod.gqa_decode_attention, engine_mod.flex_decode_attention)]
+        assert outs[0].shape == (3, 1, 8, 16)
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    model = _tiny(25)
+    with pytest.raises(fastgen.FastgenError, match="unknown decode_attention"):
+        fastgen.FastGenerator(model, compile=False, decode_attention="flash")
+    with pytest.raises(fastgen.FastgenError, match="decode_attention needs fastgen's own decode attention"):
+        fastgen.FastGenerator(model, compile=False, decode_attention="flex", gqa_attention=False)
