@@ -199,3 +199,16 @@ def test_top_layers_picks_the_last_layers() -> None:
     assert top_layers(model, recipes.LoraSpec()) is None
     with pytest.raises(ModelLoadError, match="has 30 layers"):
         top_layers(model, recipes.LoraSpec(top_layers=31))
+
+
+def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> None:
+    """grpo.fastgen_options reaches FastGenerator's keywords: values keep their TOML types, and a key the engine
+    does not take fails at load (not at the first rollout, minutes into a run), naming the ones it takes."""
+    r = recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex",
+                                    "grpo.fastgen_options.attend_bucket=256",
+                                    "grpo.fastgen_options.sample_in_graph=true"])
+    assert r.grpo.fastgen_options == {"decode_attention": "flex", "attend_bucket": 256, "sample_in_graph": True}
+    assert recipes.load("gsm8k-grpo").grpo.fastgen_options == {}
+    with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) attend_buckets; FastGenerator takes: .*"
+                                          r"attend_bucket"):
+        recipes.load("gsm8k-grpo", ["grpo.fastgen_options.attend_buckets=256"])

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.paths import recipes_dir, shown
@@ -145,6 +145,12 @@ class GrpoSpec(_Strict):
         "(static KV cache, compiled decode step in a CUDA graph); off: TRL's (or Unsloth's) own generate; "
         "not used with vLLM rollouts",
     )
+    fastgen_options: dict[str, bool | int | str] = Field(
+        default_factory=dict,
+        description="fastgen engine options on top of its defaults: FastGenerator's keywords, e.g. "
+        "--set grpo.fastgen_options.decode_attention=flex or ...attend_bucket=256 (what a GPU run measures before "
+        "an option becomes the default)",
+    )
     # TRL's vLLM integration (GRPOConfig use_vllm + vllm_mode). Both modes need vllm in the trainer's own stack:
     # trl 0.24's GRPOTrainer imports it and syncs weights through vLLM's NCCL communicator.
     vllm_mode: VllmMode = Field(
@@ -158,6 +164,22 @@ class GrpoSpec(_Strict):
         default=240.0, gt=0, description="server mode: seconds the trainer waits for the server's /health/")
     vllm_gpu_memory_utilization: float = Field(
         default=0.3, gt=0, lt=1, description="colocate mode: the share of the GPU vLLM takes; training gets the rest")
+
+    @field_validator("fastgen_options")
+    @classmethod
+    def _fastgen_keywords(cls, value: dict[str, bool | int | str]) -> dict[str, bool | int | str]:
+        """Unknown keys fail at load, naming the ones FastGenerator takes (not at the first rollout, minutes in).
+        The engine module imports no torch, so this check is cheap."""
+        import inspect
+
+        from rlstack.payload.fastgen.engine import FastGenerator
+
+        known = [p for p in inspect.signature(FastGenerator).parameters if p != "model"]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"unknown fastgen option(s) {', '.join(unknown)}; FastGenerator takes: "
+                             f"{', '.join(known)}")
+        return value
 
     @model_validator(mode="after")
     def _batch(self) -> GrpoSpec:

@@ -163,6 +163,35 @@ def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
     return config
 
 
+def use_fastgen(recipe: Recipe, trainer: Any, loaded: Any, *, use_vllm: bool) -> bool:
+    """Put fastgen behind the trainer's generate call, with the recipe's grpo.fastgen_options, or say on stderr
+    why not; True when installed.
+
+    Measured on an H200 (bench/results/grpo_step.json): 9.9x faster GRPO steps at the recipe's shape with the
+    transformers loader. Under Unsloth (the portable default) the shadow is built from transformers' own classes
+    (Unsloth patches the model's), and TRL's generate call reaches fastgen before Unsloth's generate. Off where
+    TRL never calls generate (vLLM rollouts) and on the CPU (the speed is CUDA graphs'). Whenever it is off, or
+    falls back later (fastgen prints that once), the reason is on stderr."""
+    if use_vllm:
+        off = "vLLM generates the rollouts (--fp8 or grpo.vllm_mode)"
+    elif loaded.device != "cuda":
+        off = f"no CUDA device (the model is on {loaded.device}); TRL's generate is used"
+    else:
+        off = ""
+    if off:
+        print(f"rlstack train: grpo.fast_generation = true, but fastgen is off: {off}", file=sys.stderr)
+        return False
+    from rlstack.payload import fastgen
+
+    options = recipe.grpo.fastgen_options
+    fastgen.install_on_trainer(trainer, **options)
+    chosen = f", options {', '.join(f'{k}={v}' for k, v in sorted(options.items()))}" if options else ""
+    print(f"rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true, loader "
+          f"{loaded.loader}{chosen}); on any failure it falls back to the model's generate for the rest of the run, "
+          "saying why", file=sys.stderr)
+    return True
+
+
 def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = None,
         adapters_root: Path | None = None, run_dir: Path | None = None, resume: bool = False,
         fp8: bool = False, overwrite: bool = False) -> TrainResult:
@@ -252,26 +281,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         callbacks=[callback, checkpoints.make_seal_callback()],
     )
     if recipe.grpo.fast_generation:
-        # Measured on an H200 (bench/results/grpo_step.json): 9.9x faster GRPO steps at the recipe's shape with the
-        # transformers loader. Under Unsloth (the portable default) the shadow is built from transformers' own
-        # classes (Unsloth patches the model's), and TRL's generate call reaches fastgen before Unsloth's generate.
-        # Off where TRL never calls generate (vLLM rollouts) and on the CPU (the speed is CUDA graphs'). Whenever
-        # it is off, or falls back later (fastgen prints that once), the reason is on stderr.
-        if config.use_vllm:
-            fastgen_off = "vLLM generates the rollouts (--fp8 or grpo.vllm_mode)"
-        elif loaded.device != "cuda":
-            fastgen_off = f"no CUDA device (the model is on {loaded.device}); TRL's generate is used"
-        else:
-            fastgen_off = ""
-        if fastgen_off:
-            print(f"rlstack train: grpo.fast_generation = true, but fastgen is off: {fastgen_off}", file=sys.stderr)
-        else:
-            from rlstack.payload import fastgen
-
-            fastgen.install_on_trainer(trainer)
-            print(f"rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true, loader "
-                  f"{loaded.loader}); on any failure it falls back to the model's generate for the rest of the run, "
-                  "saying why", file=sys.stderr)
+        use_fastgen(recipe, trainer, loaded, use_vllm=config.use_vllm)
     callback.time_phases(trainer)  # after fastgen's hook: the rollout it times is the one that runs
     from transformers.trainer_callback import PrinterCallback
 
