@@ -144,9 +144,10 @@ QUESTIONS = ["What is 2 + 3?", "What is 10 - 4?", "Tom has 3 apples and buys 4 m
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_hf_eval_through_fastgen_gives_the_same_tokens(tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch,
-                                                       lora: bool) -> None:
+                                                       capsys: pytest.CaptureFixture[str], lora: bool) -> None:
     """`rlstack eval --fastgen`: the same greedy generations as transformers' generate (LoRA merged into the
-    shadow when there is an adapter), and the engine says which path ran."""
+    shadow when there is an adapter), and the engine says which path ran: in its label, and once on stderr
+    how fastgen generated."""
     model, tok = tiny_model
     if lora:
         import peft
@@ -164,6 +165,10 @@ def test_hf_eval_through_fastgen_gives_the_same_tokens(tiny_model: tuple[Any, An
     got, got_lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
     assert engine == "transformers@cpu+fastgen"
     assert got == ref and got_lengths == ref_lengths
+    said = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rlstack eval: fastgen generating with")]
+    # a bf16/float32 base's own weights are shared with the shadow, not copied, so only groups whose every member
+    # the shadow owns are fused (all LoRA'd, or a dequantized 4-bit base): LoRA on q and v alone fuses none
+    assert len(said) == 1 and "projections apart" in said[0] and ("LoRA merged" in said[0]) == lora
     if lora:
         model.unload()
 

@@ -193,6 +193,7 @@ class _FastEval:
 
         self.model = model
         self.failed: str | None = None
+        self.said = False
         self.config = copy.deepcopy(model.generation_config)
         self.config.do_sample = False
         self.config.max_new_tokens = max_new_tokens
@@ -204,8 +205,13 @@ class _FastEval:
         from rlstack.payload import fastgen
 
         try:
-            return fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
-                                    generation_config=self.config)
+            out = fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
+                                   generation_config=self.config)
+            if not self.said:  # once, as the training hook says it: which path the generations took
+                self.said = True
+                print(f"rlstack eval: fastgen generating with {fastgen.get_engine(self.model).describe()}",
+                      file=sys.stderr, flush=True)
+            return out
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails
             self.failed = f"{type(exc).__name__}: {exc}"[:300]
             fastgen.release(self.model)  # its shadow and graphs hold memory transformers' generate may need
