@@ -35,6 +35,14 @@ def _inputs():
     return ids.cuda(), mask.cuda()
 
 
+def _move_adapter(model) -> None:
+    """What an optimizer step does between two generations: lora_B moves (enough to change greedy tokens)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(torch.randn_like(p))
+
+
 def _agreement(model, ids, mask, n):
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0)
     got = fastgen.generate(model, ids, mask, n, do_sample=False, pad_token_id=0, compile=True)
@@ -49,10 +57,7 @@ def test_compiled_greedy_matches_generate_and_follows_lora_updates() -> None:
     assert got.shape == ref.shape
     assert (ref == got).float().mean().item() > 0.98
     assert torch.equal(ref[:, :24], got[:, :24])  # the prompt is returned untouched
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.add_(torch.randn_like(p))
+    _move_adapter(model)
     ref2, got2 = _agreement(model, ids, mask, 24)
     assert not torch.equal(got, got2)  # the replayed graph saw the new adapter
     assert (ref2 == got2).float().mean().item() > 0.98
@@ -179,10 +184,7 @@ def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_upda
     assert sum(torch.equal(a, b) for a, b in zip(sampled, apart, strict=True)) >= 3
     fastgen.release(model)
     fastgen.generate(model, ids, mask, 4, do_sample=False, pad_token_id=0, compile=True, fuse_projections=True)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.add_(torch.randn_like(p))
+    _move_adapter(model)
     ref2 = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
     got2 = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0)
     assert not torch.equal(got, got2)
@@ -231,10 +233,7 @@ def test_flex_decode_attention_compiles_into_the_graph_and_decodes_as_generate(o
     assert eng.compile_error is None and eng.graph_error is None and eng._graphs
     assert all(entry is not None for entry in eng._graphs.values())
     assert (ref == got).float().mean().item() > 0.98
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.add_(torch.randn_like(p))
+    _move_adapter(model)
     ref2 = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
     got2 = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)
     assert not torch.equal(got, got2) and (ref2 == got2).float().mean().item() > 0.98
