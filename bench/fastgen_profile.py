@@ -25,6 +25,8 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               bucketed length and at the average filled length (what padded cache reads cost), and at the
               lengths --attention-lengths names (`attention_by_length`)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
+  gemm_forms  each shape in other forms (the weight on the left, with and without the copy back; cuBLASLt):
+              whether another call beats cuBLAS's pick at M = batch (time_gemm_forms)
   fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
               fusing them in the shadow saves per step (fuse_projections, fastgen's default since 2026-12-04)
   kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none), and the
@@ -137,6 +139,55 @@ def time_gemms(cfg: Any, batch: int) -> dict[str, dict[str, Any]]:
         parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(graph_ms(body), 5)}
         del w, x, y
     return parts
+
+
+GEMM_FORMS = ("weight_left", "weight_left_copy", "cublaslt")
+
+
+def time_gemm_forms(cfg: Any, batch: int) -> dict[str, dict[str, float]]:
+    """The same GEMMs as time_gemms in other forms, per shape (ms a step, one graph of its launches), to say
+    whether cuBLAS's choice for M = batch rows leaves bandwidth behind (o_proj ran at 44 % and down_proj at 62 %
+    at 8 rows on the H200, gate_up at 81 %) before anything is built on it:
+      weight_left       W @ x.T ([n, batch]: the weight as the GEMM's M side, another heuristic, another kernel)
+      weight_left_copy  the same and its transpose copied back to [batch, n] (what a drop-in Linear would pay)
+      cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
+                        preference is put back after)
+    CUDA only (an empty dict elsewhere)."""
+    import torch
+
+    if common.DEVICE != "cuda":
+        return {}
+    dev, dt = common.DEVICE, torch.bfloat16
+    out: dict[str, dict[str, float]] = {}
+    before = torch.backends.cuda.preferred_blas_library()
+    for name, (n_out, k_in, count) in {**projection_shapes(cfg), **fused_shapes(cfg)}.items():
+        w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
+        x = torch.randn(batch, k_in, device=dev, dtype=dt)
+        y = torch.empty(batch, n_out, device=dev, dtype=dt)
+        yt = torch.empty(n_out, batch, device=dev, dtype=dt)
+
+        def left(w: Any = w, x: Any = x, yt: Any = yt, count: int = count) -> None:
+            for i in range(count):
+                torch.matmul(w[i], x.t(), out=yt)
+
+        def left_copy(w: Any = w, x: Any = x, y: Any = y, yt: Any = yt, count: int = count) -> None:
+            for i in range(count):
+                torch.matmul(w[i], x.t(), out=yt)
+                y.copy_(yt.t())
+
+        def plain(w: Any = w, x: Any = x, y: Any = y, count: int = count) -> None:
+            for i in range(count):
+                torch.matmul(x, w[i].t(), out=y)
+
+        forms = {"weight_left": graph_ms(left), "weight_left_copy": graph_ms(left_copy)}
+        try:
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            forms["cublaslt"] = graph_ms(plain)
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+        out[name] = {k: round(v, 5) for k, v in forms.items()}
+        del w, x, y, yt
+    return out
 
 
 def gemm_columns(parts: dict[str, dict[str, Any]], batch: int, bandwidth: float, fused: bool) -> dict[str, Any]:
@@ -393,6 +444,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = time_pick_parts(cfg, batch, sampling)
     row["gemm_parts"] = time_gemms(cfg, batch)
+    row["gemm_forms"] = time_gemm_forms(cfg, batch)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         kind = eng.decode_attention

@@ -67,6 +67,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
     assert set(row["attention_by_length"]) == {"32", "64"} and all(v > 0 for v in row["attention_by_length"].values())
     assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]
+    assert row["gemm_forms"] == {}  # the other GEMM forms are CUDA calls: nothing to time on a CPU
     assert "replay_ms" not in row and "no captured graph" in row["replay_note"]  # no CUDA graph on a CPU
     assert not (tmp_path / "fastgen_profile.json").exists()  # smoke numbers never travel as results
 
