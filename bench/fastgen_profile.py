@@ -26,7 +26,7 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
               lengths --attention-lengths names (`attention_by_length`)
   rest        replay - gemm - attention: norms, rotary, residual adds, inductor's fused kernels, gaps
   gemm_forms  each shape in other forms (the weight on the left, with and without the copy back; cuBLASLt):
-              whether another call beats cuBLAS's pick at M = batch (time_gemm_forms)
+              whether another call beats cuBLAS's pick at M = batch (time_gemms)
   fusion_saving  q+k+v and gate+up GEMM time minus the same weights as one GEMM each (vLLM's layout): what
               fusing them in the shadow saves per step (fuse_projections, fastgen's default since 2026-12-04)
   kernels     kernels per replay (torch.profiler over replays; None where the profiler sees none), and the
@@ -119,75 +119,51 @@ def fused_shapes(cfg: Any) -> dict[str, tuple[int, int, int]]:
 FUSED_GROUPS = {"qkv_fused": ("q_proj", "k_proj", "v_proj"), "gate_up_fused": ("gate_proj", "up_proj")}
 
 
-def time_gemms(cfg: Any, batch: int) -> dict[str, dict[str, Any]]:
+def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
     """Every projection of one step at M = batch rows, each kind as one graph of its launches per step (36 layers,
     a distinct weight per layer as in the model, so no weight is served from L2 twice), and the fused shapes
-    beside them: {name: n, k, per_step, ms}. gemm_columns sums them as the engine runs them."""
-    import torch
+    beside them: ({name: n, k, per_step, ms}, forms); gemm_columns sums the first as the engine runs them.
 
-    dev, dt = common.DEVICE, torch.bfloat16
-    parts = {}
-    for name, (n_out, k_in, count) in {**projection_shapes(cfg), **fused_shapes(cfg)}.items():
-        w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
-        x = torch.randn(batch, k_in, device=dev, dtype=dt)
-        y = torch.empty(batch, n_out, device=dev, dtype=dt)
-
-        def body(w: Any = w, x: Any = x, y: Any = y, count: int = count) -> None:
-            for i in range(count):
-                torch.matmul(x, w[i].t(), out=y)
-
-        parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(graph_ms(body), 5)}
-        del w, x, y
-    return parts
-
-
-GEMM_FORMS = ("weight_left", "weight_left_copy", "cublaslt")
-
-
-def time_gemm_forms(cfg: Any, batch: int) -> dict[str, dict[str, float]]:
-    """The same GEMMs as time_gemms in other forms, per shape (ms a step, one graph of its launches), to say
-    whether cuBLAS's choice for M = batch rows leaves bandwidth behind (o_proj ran at 44 % and down_proj at 62 %
-    at 8 rows on the H200, gate_up at 81 %) before anything is built on it:
+    forms, on CUDA only ({} elsewhere): the same GEMMs called otherwise, {name: {form: ms}}, to say whether
+    cuBLAS's choice for M = batch rows leaves bandwidth behind (o_proj ran at 44 % and down_proj at 62 % at 8
+    rows on the H200, gate_up at 81 %) before anything is built on it:
       weight_left       W @ x.T ([n, batch]: the weight as the GEMM's M side, another heuristic, another kernel)
       weight_left_copy  the same and its transpose copied back to [batch, n] (what a drop-in Linear would pay)
       cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
-                        preference is put back after)
-    CUDA only (an empty dict elsewhere)."""
+                        preference is put back after)"""
     import torch
 
-    if common.DEVICE != "cuda":
-        return {}
     dev, dt = common.DEVICE, torch.bfloat16
-    out: dict[str, dict[str, float]] = {}
-    before = torch.backends.cuda.preferred_blas_library()
+    parts: dict[str, dict[str, Any]] = {}
+    forms: dict[str, dict[str, float]] = {}
     for name, (n_out, k_in, count) in {**projection_shapes(cfg), **fused_shapes(cfg)}.items():
         w = torch.randn(count, n_out, k_in, device=dev, dtype=dt)
         x = torch.randn(batch, k_in, device=dev, dtype=dt)
         y = torch.empty(batch, n_out, device=dev, dtype=dt)
         yt = torch.empty(n_out, batch, device=dev, dtype=dt)
 
-        def left(w: Any = w, x: Any = x, yt: Any = yt, count: int = count) -> None:
-            for i in range(count):
-                torch.matmul(w[i], x.t(), out=yt)
-
-        def left_copy(w: Any = w, x: Any = x, y: Any = y, yt: Any = yt, count: int = count) -> None:
-            for i in range(count):
-                torch.matmul(w[i], x.t(), out=yt)
-                y.copy_(yt.t())
-
-        def plain(w: Any = w, x: Any = x, y: Any = y, count: int = count) -> None:
+        def body(w: Any = w, x: Any = x, y: Any = y, count: int = count) -> None:
             for i in range(count):
                 torch.matmul(x, w[i].t(), out=y)
 
-        forms = {"weight_left": graph_ms(left), "weight_left_copy": graph_ms(left_copy)}
-        try:
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-            forms["cublaslt"] = graph_ms(plain)
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
-        out[name] = {k: round(v, 5) for k, v in forms.items()}
+        def left(w: Any = w, x: Any = x, y: Any = y, yt: Any = yt, count: int = count, back: bool = False) -> None:
+            for i in range(count):
+                torch.matmul(w[i], x.t(), out=yt)
+                if back:
+                    y.copy_(yt.t())
+
+        parts[name] = {"n": n_out, "k": k_in, "per_step": count, "ms": round(graph_ms(body), 5)}
+        if dev == "cuda":
+            before = torch.backends.cuda.preferred_blas_library()
+            timed = {"weight_left": graph_ms(left), "weight_left_copy": graph_ms(lambda: left(back=True))}
+            try:
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+                timed["cublaslt"] = graph_ms(body)
+            finally:
+                torch.backends.cuda.preferred_blas_library(before)
+            forms[name] = {k: round(v, 5) for k, v in timed.items()}
         del w, x, y, yt
-    return out
+    return parts, forms
 
 
 def gemm_columns(parts: dict[str, dict[str, Any]], batch: int, bandwidth: float, fused: bool) -> dict[str, Any]:
@@ -296,9 +272,8 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
     """The pick's GPU work split, each part replayed as a graph (what sample_in_graph's replay holds): the top-k
     threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
     them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
-    2026-12-04). Why: the pick inside the graph
-    cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200 (2026-12-04), 49 kernels; this says which part, before
-    a cheaper one is written."""
+    2026-12-04). Why: the pick inside the graph cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200
+    (2026-12-04), 49 kernels; this says which part, before a cheaper one is written."""
     import torch
 
     from rlstack.payload.fastgen.engine import _draw, _warp
@@ -443,8 +418,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["fused_gemms_saved"] = eng.fused_gemms_saved  # fuse_projections: GEMMs a step no longer launches
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = time_pick_parts(cfg, batch, sampling)
-    row["gemm_parts"] = time_gemms(cfg, batch)
-    row["gemm_forms"] = time_gemm_forms(cfg, batch)
+    row["gemm_parts"], row["gemm_forms"] = time_gemms(cfg, batch)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         kind = eng.decode_attention

@@ -165,7 +165,8 @@ class Result:
         self.engine, self.stack, self.run_id = engine, stack, run_id
         self.rows: list[dict[str, Any]] = []
         # a run with engine options is another file: it must not replace the default path's rows
-        self.options = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items())) or None
+        self.engine_options = dict(options or {})
+        self.options = ",".join(f"{k}={v}" for k, v in sorted(self.engine_options.items())) or None
         self.path = out_dir() / f"{stack}-{engine}{'-' + self.options if self.options else ''}.json"
         self.meta: dict[str, Any] = {**common.header(), "engine_versions": engine_versions()}
 
@@ -319,7 +320,7 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
     if engine == "fastgen":
         from rlstack.payload import fastgen
 
-        fastgen.install(model, **common.engine_options(a.engine_option))
+        fastgen.install(model, **res.engine_options)
 
         def make(seqs: list[list[int]]) -> Any:
             inputs = left_pad(tok, seqs)

@@ -193,7 +193,6 @@ class _FastEval:
 
         self.model = model
         self.failed: str | None = None
-        self.said = False
         self.config = copy.deepcopy(model.generation_config)
         self.config.do_sample = False
         self.config.max_new_tokens = max_new_tokens
@@ -203,14 +202,12 @@ class _FastEval:
         if self.failed is not None:
             return None
         from rlstack.payload import fastgen
+        from rlstack.payload.fastgen.hook import say_how_once
 
         try:
             out = fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
                                    generation_config=self.config)
-            if not self.said:  # once, as the training hook says it: which path the generations took
-                self.said = True
-                print(f"rlstack eval: fastgen generating with {fastgen.get_engine(self.model).describe()}",
-                      file=sys.stderr, flush=True)
+            say_how_once(self.model, "rlstack eval: fastgen")  # which path the generations took, as train says it
             return out
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails
             self.failed = f"{type(exc).__name__}: {exc}"[:300]

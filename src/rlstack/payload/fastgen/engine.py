@@ -767,9 +767,8 @@ class FastGenerator:
       torch.compile(mode="reduce-overhead") cudagraph trees; ``"none"``: compiled kernels launched from Python.
       ``compile=False``: eager (CPU default).
     * ``sample_in_graph=True`` (manual graphs; default off, see the module docstring): the pick is captured with
-      the step;
-      not for a call with its own ``generator`` or ``on_logits``, and where its capture fails (``fused_error``)
-      the step is captured alone and the pick runs eagerly between replays.
+      the step; not for a call with its own ``generator`` or ``on_logits``, and where its capture fails
+      (``fused_error``) the step is captured alone and the pick runs eagerly between replays.
     * ``fuse_projections=True`` (the default; the shadow's own weights only, see the module docstring): each
       layer's q/k/v and gate/up projections run as one GEMM each (``rlstack.payload.fastgen.fused``);
       ``fused_gemms_saved`` says how many GEMMs a step no longer launches (0: nothing could be fused).
@@ -1206,8 +1205,8 @@ class FastGenerator:
             # this step writes slot prompt_len + k - 1 and attends over every slot up to it
             if (new_read := self.read_length(prompt_len + k, total)) != read:
                 read = new_read
+                key = (batch, total, read)
                 if self.graph == "manual":
-                    key = (batch, total, read)
                     fused = None
                     if self.sample_in_graph and generator is None and on_logits is None:
                         fused = self._captured_fused(key, cache, full_mask, loop, sampling)
@@ -1221,7 +1220,7 @@ class FastGenerator:
                 else:
                     logits = self._decode_step(loop.tok, full_mask, loop.pos, cache,
                                                loop.slot if self._takes_cache_position else None,
-                                               read if read < total else None)
+                                               self._read_arg(key))
                 if on_logits is not None:
                     on_logits(k, logits)
                 self._pick(logits, loop, sampling, eos, generator)

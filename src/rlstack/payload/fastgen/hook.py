@@ -111,9 +111,14 @@ def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: d
     if resolved.return_dict_in_generate or resolved.output_scores or resolved.output_logits:
         raise FastgenError("fastgen returns plain token tensors only", "")
     sampling, max_new_tokens = sampling_from_resolved(resolved)
-    engine = get_engine(model, **options)
-    out = engine.generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
-    if not vars(model).get(_ANNOUNCED_ATTR):  # after the first call: the shadow, graph and fusion exist by then
-        object.__setattr__(model, _ANNOUNCED_ATTR, True)
-        print(f"rlstack fastgen: generating with {engine.describe()}", file=sys.stderr, flush=True)
+    out = get_engine(model, **options).generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
+    say_how_once(model, "rlstack fastgen:")
     return out
+
+
+def say_how_once(model: Any, prefix: str) -> None:
+    """After a served call (the shadow, graph and fusion exist by then), print once per model, on stderr, how
+    fastgen generates (``FastGenerator.describe``): `rlstack train`'s hook and `rlstack eval --fastgen` both."""
+    if not vars(model).get(_ANNOUNCED_ATTR):
+        object.__setattr__(model, _ANNOUNCED_ATTR, True)
+        print(f"{prefix} generating with {get_engine(model).describe()}", file=sys.stderr, flush=True)
