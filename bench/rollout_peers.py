@@ -585,8 +585,8 @@ def cmd_merge(a: argparse.Namespace) -> int:
              f"{'/'.join(map(str, PROMPT_LENS))} "
              f"tokens x {NUM_GENERATIONS} generations; T=1, top_p 1, top_k {TOP_K}. Engines without a measurement: "
              f"{', '.join(missing) or 'none'}; measured at: {batches_measured(rows)}. Targets: "
-             + "; ".join(outcome(g) for g in goals) + ("" if not a.note else " " + " ".join(a.note)))
-    common.write_results("rollout_peers", data, rows, COLUMNS, notes)
+             + "; ".join(outcome(g) for g in goals) + ("" if not a.note else ". " + " ".join(a.note)))
+    common.write_results(a.name, data, rows, COLUMNS, notes)
     return 0
 
 
@@ -624,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.add_argument("--run-id", default="")
     p.add_argument("--note", action="append", default=[], help="a sentence for the table's notes (repeatable)")
+    p.add_argument("--name", default="rollout_peers",
+                   help="the results name, bench/results/NAME.{json,md}: a lease that measured only some engines "
+                        "(the targets' pair, vllm-bf16 and fastgen) writes its own table and leaves the full one")
     a = ap.parse_args(argv)
     return {"prepare": cmd_prepare, "run": cmd_run, "one": cmd_one, "merge": cmd_merge}[a.cmd](a)
 

@@ -80,6 +80,23 @@ def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path) -> No
     assert [m["file"] for m in data["engine_files"]] == ["b.json"]  # the other lease's file lends nothing
 
 
+def test_merge_under_another_name_leaves_the_full_table(tmp_path: Path) -> None:
+    """A lease that measured only the targets' pair writes its own table: the full one (every engine in one run
+    id, issue 14's done-when) is not replaced by two engines."""
+    full = Path("/tmp/rlstack-bench-smoke/rollout_peers.json")
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text('{"kept": true}')
+    _engine_file(tmp_path / "fp8-vllm-bf16.json", {"cuda": True}, [_row("vllm-bf16", 8, 2000.0)])
+    _engine_file(tmp_path / "portable-fastgen.json", {"cuda": True},
+                 [_row("fastgen", 8, 1900.0, loader="unsloth", fraction_of_floor=0.47)])
+    proc = _merge(str(tmp_path), "--name", "rollout_peers_pair")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(full.read_text()) == {"kept": True}
+    pair = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers_pair.json").read_text())
+    at8 = next(g for g in pair["targets"] if g["target"].endswith("vLLM bf16 at 8"))
+    assert at8["value"] == pytest.approx(0.95) and at8["met"] is False
+
+
 def test_targets_count_only_the_default_paths_rows(peers: ModuleType) -> None:
     """A fastgen row measured with engine options (`options`, e.g. attend_bucket=256) is not the default path:
     the targets skip it, so an option under test cannot meet (or miss) a target in the default's name."""
