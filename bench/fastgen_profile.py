@@ -208,14 +208,13 @@ def rederive(path: Path, name: str) -> int:
     return 0
 
 
-def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> float:
-    """fastgen's decode attention of this kind (decode_attention: grouped matmuls, or flex_attention) over a
-    static cache of `length` slots, one query token, for every layer of one step, in ms: compiled as fastgen's
-    step compiles it (inductor fuses the scale, mask and softmax, or lowers flex to its decoding template) and
-    replayed as one graph of all layers, each layer reading its own cache."""
+def time_attention(cfg: Any, batch: int, length: int) -> float:
+    """fastgen's decode attention (grouped matmuls) over a static cache of `length` slots, one query token, for
+    every layer of one step, in ms: compiled as fastgen's step compiles it (inductor fuses the scale, mask and
+    softmax) and replayed as one graph of all layers, each layer reading its own cache."""
     import torch
 
-    from rlstack.payload.fastgen.engine import flex_decode_attention, gqa_decode_attention
+    from rlstack.payload.fastgen.engine import gqa_decode_attention
 
     dev, dt = common.DEVICE, torch.bfloat16
     nh, nkv, hd, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
@@ -223,8 +222,7 @@ def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> f
     k = torch.randn(layers, batch, nkv, length, hd, device=dev, dtype=dt)
     v = torch.randn(layers, batch, nkv, length, hd, device=dev, dtype=dt)
     mask = torch.ones(batch, 1, 1, length, device=dev, dtype=torch.bool)
-    fn = flex_decode_attention if kind == "flex" else gqa_decode_attention
-    attn = torch.compile(fn, dynamic=False) if dev == "cuda" else fn
+    attn = torch.compile(gqa_decode_attention, dynamic=False) if dev == "cuda" else gqa_decode_attention
 
     def body() -> None:
         for i in range(layers):
@@ -366,6 +364,10 @@ def replay_mean(by_read: dict[int, float], read_length: Any, prompt_len: int, ne
     return sum(by_read[r] for r in reads) / len(reads)
 
 
+class CompiledPathFailed(RuntimeError):
+    """The variant's compiled decode step failed to build: its other batches are skipped, not timed eager."""
+
+
 def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil: dict[str, float],
                   reps: int, options: dict[str, Any], attention_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
     from rlstack.payload import fastgen
@@ -380,6 +382,10 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         return eng.generate(inputs["input_ids"], inputs["attention_mask"], new_tokens, sampling)
 
     run()  # compile + capture for this shape
+    if eng.compile_error:
+        # fastgen fell back to eager decoding: timing it says nothing about the variant and, at ~300 ms a token
+        # (decode_attention=flex's eager fallback on 2026-12-04), took the lease's minutes
+        raise CompiledPathFailed(eng.compile_error)
     wall = statistics.median(common.cuda_time(run, warmup=0, reps=reps)) / new_tokens * 1e3
     prompt_len = int(inputs["input_ids"].shape[1])
     cache_len = next((k[1] for k in eng._caches if k[0] == batch), None)  # the bucketed static cache length
@@ -421,13 +427,12 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["gemm_parts"], row["gemm_forms"] = time_gemms(cfg, batch)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
-        kind = eng.decode_attention
-        row["attention_ms"] = round(time_attention(cfg, batch, cache_len, kind), 4)
+        row["attention_ms"] = round(time_attention(cfg, batch, cache_len), 4)
         filled = prompt_len + new_tokens // 2  # the average context a step attends over
-        row["attention_filled_ms"] = round(time_attention(cfg, batch, filled, kind), 4)
+        row["attention_filled_ms"] = round(time_attention(cfg, batch, filled), 4)
         row["attention_filled_len"] = filled
     if attention_lengths:  # what reading only the filled slots could save: one compile per length
-        row["attention_by_length"] = {n: round(time_attention(cfg, batch, n, eng.decode_attention), 4)
+        row["attention_by_length"] = {n: round(time_attention(cfg, batch, n), 4)
                                       for n in attention_lengths}
     derive_rest(row)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
@@ -480,13 +485,19 @@ def main(argv: list[str] | None = None) -> int:
         fastgen.release(pm)  # engine options apply when an engine is created: each variant gets its own
         torch._dynamo.reset()  # and the compiled code (its guards) of the last one goes with it
         for batch in [int(b) for b in a.batches.split(",") if b]:
+            failed = None
             try:
                 rows.append(profile_batch(pm, tok, gc, batch, a.new_tokens, ceil, a.reps, opts, lengths))
+            except CompiledPathFailed as exc:  # the whole variant: every batch would fall back the same way
+                failed = exc
+                rows.append({"batch": batch, "error": f"compiled decoding failed, variant skipped: {exc}"})
             except Exception as exc:  # keep the other batch's numbers
                 traceback.print_exc()
                 rows.append({"batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
             rows[-1] = {"variant": label, **rows[-1]}
             print({k: rows[-1].get(k) for k in COLUMNS}, flush=True)
+            if failed is not None:
+                break
     fastgen.release(pm)
     common.write_results("fastgen_profile", data, rows, COLUMNS, NOTES)  # smoke mode: /tmp only
     return 0 if rows and not any("error" in r for r in rows) else 1

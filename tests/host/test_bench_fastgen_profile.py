@@ -48,6 +48,32 @@ def test_the_fused_shapes_hold_exactly_the_weights_they_replace(profile: ModuleT
     assert all(fused[n][1] == sep["q_proj"][1] for n in fused)  # both read the hidden state
 
 
+def test_a_variant_whose_compiled_step_failed_is_not_timed_eager(profile: ModuleType,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """fastgen falls back to eager decoding when its compiled step fails to build; the profile then stops the
+    variant after the one generation that found out, instead of timing eager decoding (2026-12-04: flex
+    attention's fallback ran at ~300 ms a token and took most of a lease)."""
+    from types import SimpleNamespace
+
+    from rlstack.payload import fastgen
+
+    calls: list[tuple] = []
+
+    class Fallen:
+        compile_error = "InductorError: CompilationError at 74:20 ... the reason at the end"
+
+        def generate(self, *args: object) -> None:
+            calls.append(args)
+
+    monkeypatch.setattr(fastgen, "get_engine", lambda pm, **options: Fallen())
+    monkeypatch.setattr(fastgen, "sampling_from_generation_config", lambda gc, pm: (None, None))
+    monkeypatch.setattr(profile.rg, "tokenize", lambda tok, prompts, n: {"input_ids": [0] * 8, "attention_mask": []})
+    pm = SimpleNamespace(get_base_model=lambda: SimpleNamespace(config=None))
+    with pytest.raises(profile.CompiledPathFailed, match="the reason at the end"):
+        profile.profile_batch(pm, None, None, 8, 16, {}, 3, {})
+    assert len(calls) == 1
+
+
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}

@@ -259,17 +259,15 @@ def _hf_tokens(ref, inputs, gc, seed: int):
     return out
 
 
-@pytest.mark.parametrize("options", [{"fuse_projections": False}, {}, {"attend_bucket": 8},
-                                     {"decode_attention": "flex"}],
-                         ids=["separate", "fused", "fused-attend8", "fused-flex"])
+@pytest.mark.parametrize("options", [{"fuse_projections": False}, {}, {"attend_bucket": 8}],
+                         ids=["separate", "fused", "fused-attend8"])
 @pytest.mark.parametrize("four_bit", [False, True], ids=["bf16-shape", "qlora-4bit"])
 def test_unsloth_loaded_model_generates_hf_tokens_through_fastgen(tiny_folder, unsloth, four_bit: bool,
                                                                   options: dict[str, Any]) -> None:
     """Greedy and seeded sampling: exact token equality with HF generate on the same (unpatched) weights; the
     fast path never calls Unsloth's generate or its patched forwards, and follows LoRA updates between calls.
     With fuse_projections (the default): the pristine copy's q/k/v and gate/up over the dequantized, merged
-    weights; with attend_bucket: its attention reading 16, then 24 and 32 of the cache's 128 slots; with
-    decode_attention="flex": torch's flex_attention in its place."""
+    weights; with attend_bucket: its attention reading 16, then 24 and 32 of the cache's 128 slots."""
     fuse = options.get("fuse_projections", True)
     ref = _reference(tiny_folder, four_bit, seed=1)
     unsloth.apply()

@@ -217,23 +217,3 @@ def test_attend_bucket_captures_a_graph_per_read_length_and_decodes_as_generate(
     eng = fastgen.get_engine(model)
     assert eng.fused_error is None and sorted(key[2] for key, g in eng._fused.items() if g is not None) == want
     assert torch.equal(apart, inside)
-
-
-@pytest.mark.parametrize("options", [{"decode_attention": "flex"},
-                                     {"decode_attention": "flex", "attend_bucket": 16}], ids=["flex", "flex-attend16"])
-def test_flex_decode_attention_compiles_into_the_graph_and_decodes_as_generate(options) -> None:
-    """decode_attention="flex" compiled (inductor's flash-decoding template) and captured: no fallback to eager,
-    greedy tokens as generate's, and a LoRA update between calls reaches the replayed graph."""
-    model = _model()
-    model.eval()
-    ids, mask = _inputs()
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
-    got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=True, **options)
-    eng = fastgen.get_engine(model)
-    assert eng.compile_error is None and eng.graph_error is None and eng._graphs
-    assert all(entry is not None for entry in eng._graphs.values())
-    assert (ref == got).float().mean().item() > 0.98
-    _move_adapter(model)
-    ref2 = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
-    got2 = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)
-    assert not torch.equal(got, got2) and (ref2 == got2).float().mean().item() > 0.98

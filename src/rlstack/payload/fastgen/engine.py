@@ -221,19 +221,30 @@ def _draw(warped: Any, generator: Any, invalid: Any) -> Any:
     return (warped - q.log()).argmax(dim=-1)
 
 
+def _error_text(exc: BaseException, head: int = 300, tail: int = 1200) -> str:
+    """An exception as one string for a warning and the engine's ``*_error`` fields: its start (what failed) and
+    its end (why). A Triton CompilationError states its reason after the kernel source it quotes: a cut after
+    the first 500 characters kept the source and lost the reason (bench/notes.md, the 2026-12-04 20:18 lease)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]} [... {len(text) - head - tail} characters ...] {text[-tail:]}"
+
+
 ATTN_NAME = "rlstack_fastgen"
-DECODE_ATTENTION = ("matmul", "flex")  # FastGenerator(decode_attention=...): how a decode step attends
 
 
-def _decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float,
-                      scaling: float | None, kwargs: dict[str, Any],
-                      kernel: Callable[[Any, Any, Any, Any, float], Any]) -> tuple[Any, None]:
-    """What both decode attentions share: prefill (several query tokens) goes to transformers' own sdpa
-    function unchanged; a decode step reads the cache up to ``fastgen_read`` (a keyword the engine passes
-    through the model's forward, which hands its extra keywords to the attention function in transformers 4.57
-    and 5.x: the filled slots rounded up, ``attend_bucket``; the slots after them are masked out anyway, so the
-    result is the same up to the reduction's rounding, and the bytes read follow the generation instead of the
-    cache's length), then ``kernel(query, key, value, mask [b, L] or None, scale)`` gives [b, h, 1, d]."""
+def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """Attention for the shadow decoder. Prefill (several query tokens) goes to transformers' own sdpa function
+    unchanged; a decode step reads the cache up to ``fastgen_read`` (a keyword the engine passes through the
+    model's forward, which hands its extra keywords to the attention function in transformers 4.57 and 5.x: the
+    filled slots rounded up, ``attend_bucket``; the slots after them are masked out anyway, so the result is the
+    same up to the reduction's rounding, and the bytes read follow the generation instead of the cache's length)
+    and attends through grouped matmuls that read each KV head once (transformers' sdpa path with a padding mask
+    first materializes K/V repeated to every query head, ~4x the cache's bytes written and read again per step).
+    torch's flex_attention in their place was measured and retired (bench/notes.md, 2026-12-04 20:18 lease)."""
+    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     read = kwargs.pop(READ_KWARG, None)
@@ -244,71 +255,29 @@ def _decode_attention(module: Any, query: Any, key: Any, value: Any, attention_m
         key, value = key[:, :, :read], value[:, :, :read]
         if attention_mask is not None:
             attention_mask = attention_mask[..., :read]
-    mask = None if attention_mask is None else attention_mask[:, 0, -1, :]  # [b, L]: bool (keep) or additive
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = kernel(query, key, value, mask, scale)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _matmul_kernel(query: Any, key: Any, value: Any, mask: Any, scale: float) -> Any:
-    """Grouped matmuls that read each KV head once (transformers' sdpa path with a padding mask first
-    materializes K/V repeated to every query head, ~4x the cache's bytes written and read again per step)."""
-    import torch
-
     b, h, _, d = query.shape
     kv = key.shape[1]
     qg = query.reshape(b, kv, h // kv, d)
     scores = torch.matmul(qg, key.transpose(-1, -2))  # [b, kv, g, L]
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
-    if mask is not None:
-        mask = mask[:, None, None, :]
+    if attention_mask is not None:
+        mask = attention_mask[:, 0, -1, :][:, None, None, :]  # [b, 1, 1, L]: bool (keep) or additive
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(
             scores.dtype)
     probs = scores.softmax(dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(b, h, 1, d)
+    out = torch.matmul(probs, value).reshape(b, h, 1, d)
+    return out.transpose(1, 2).contiguous(), None
 
 
-def _flex_kernel(query: Any, key: Any, value: Any, mask: Any, scale: float) -> Any:
-    """torch's flex_attention (GQA): compiled with the step, inductor lowers a one-token query to its flash-
-    decoding template, which splits the cache's length over thread blocks instead of running one skinny GEMM
-    per (sequence, KV head) as the matmul kernel does; the mask enters as a score_mod (-inf where a slot is
-    not kept). Eager (no compile: the CPU tests) it runs torch's reference implementation."""
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-
-    score_mod = None
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            def score_mod(score: Any, b: Any, h: Any, q: Any, k: Any) -> Any:
-                return torch.where(mask[b, k], score, -float("inf"))
-        else:
-            def score_mod(score: Any, b: Any, h: Any, q: Any, k: Any) -> Any:
-                return score + mask[b, k].to(score.dtype)
-    return flex_attention(query, key, value, score_mod=score_mod, scale=scale, enable_gqa=True)
-
-
-def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
-    """Attention for the shadow decoder (decode_attention="matmul", the default): see _decode_attention and
-    _matmul_kernel."""
-    return _decode_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs, _matmul_kernel)
-
-
-def flex_decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                          scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
-    """Attention for the shadow decoder with decode_attention="flex": see _decode_attention and _flex_kernel."""
-    return _decode_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs, _flex_kernel)
-
-
-def _register_attention(kind: str = "matmul") -> str:
-    """Register fastgen's decode attention of this kind with transformers; the name to put in the config."""
+def _register_attention() -> str:
+    """Register fastgen's decode attention with transformers; the name to put in the config."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    name = ATTN_NAME if kind == "matmul" else f"{ATTN_NAME}_{kind}"
-    AttentionInterface.register(name, gqa_decode_attention if kind == "matmul" else flex_decode_attention)
-    AttentionMaskInterface.register(name, sdpa_mask)
-    return name
+    AttentionInterface.register(ATTN_NAME, gqa_decode_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    return ATTN_NAME
 
 
 def _is_peft(model: Any) -> bool:
@@ -468,7 +437,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = True, decode_attention: str = "matmul") -> None:
+                 fuse_projections: bool = True) -> None:
         import copy
 
         import torch
@@ -478,7 +447,7 @@ class _Shadow:
         lora_root = peft_model.get_base_model() if _is_peft(peft_model) else peft_model
         config = copy.deepcopy(lora_root.config)
         config.use_cache = True
-        config._attn_implementation = _register_attention(decode_attention) if gqa_attention else "sdpa"
+        config._attn_implementation = _register_attention() if gqa_attention else "sdpa"
         self.dtype = dtype
         cls, self.patches = shadow_class(type(lora_root), pristine)
         with _params_on_meta():
@@ -775,16 +744,13 @@ class FastGenerator:
     * ``attend_bucket=N`` (default 0, off until measured on a GPU): a decode step's attention reads the filled
       cache slots rounded up to N instead of the whole cache (``read_length``); one compiled step and graph per
       read length. Needs fastgen's own decode attention (``gqa_attention`` and the merged shadow).
-    * ``decode_attention="flex"`` (default "matmul"; off until measured on a GPU): a decode step attends through
-      torch's flex_attention (flash-decoding: the cache's length split over thread blocks) instead of grouped
-      matmuls. Same requirement.
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
-                 fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul") -> None:
+                 fuse_projections: bool = True, attend_bucket: int = 0) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -803,16 +769,10 @@ class FastGenerator:
         if not isinstance(attend_bucket, int) or isinstance(attend_bucket, bool) or attend_bucket < 0:
             raise FastgenError(f"fastgen: attend_bucket must be a number of cache slots >= 0, not {attend_bucket!r}",
                                "0 reads the whole cache; e.g. 256 reads the filled slots rounded up to 256")
-        if decode_attention not in DECODE_ATTENTION:
-            raise FastgenError(f"fastgen: unknown decode_attention {decode_attention!r}",
-                               f"use one of {', '.join(DECODE_ATTENTION)}")
-        own_attention = gqa_attention and (self.merge_lora or not self.peft)
-        for name, value, off in (("attend_bucket", attend_bucket, 0), ("decode_attention", decode_attention, "matmul")):
-            if value != off and not own_attention:
-                raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
-                                   f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
+        if attend_bucket and not (gqa_attention and (self.merge_lora or not self.peft)):
+            raise FastgenError("fastgen: attend_bucket needs fastgen's own decode attention",
+                               "keep gqa_attention=True and merge_lora=True (the defaults), or attend_bucket=0")
         self.attend_bucket = attend_bucket
-        self.decode_attention = decode_attention
         # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
@@ -843,7 +803,7 @@ class FastGenerator:
         model = self.model
         if self.merge_lora or not self.peft:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
-                                   fuse_projections=self.fuse_projections, decode_attention=self.decode_attention)
+                                   fuse_projections=self.fuse_projections)
             self.patches = self._shadow.patches
             self.decoder = self._shadow.model
         else:
@@ -879,8 +839,6 @@ class FastGenerator:
         parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"
                  if self.fused_gemms_saved else "projections apart",
                  f"graph {self.graph}" if self.compile else "eager (compile off)"]
-        if self.decode_attention != "matmul":
-            parts.append(f"{self.decode_attention} decode attention")
         if self.attend_bucket:
             parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
@@ -969,7 +927,7 @@ class FastGenerator:
                 raise
             import logging
 
-            self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.compile_error = _error_text(exc)
             logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s",
                                                 self.compile_error)
             self.compile = False
@@ -1032,7 +990,7 @@ class FastGenerator:
             entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, cpos, read),
                                   warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, cpos, read))
         except Exception as exc:
-            self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.graph_error = _error_text(exc)
             import logging
 
             logging.getLogger(__name__).warning("fastgen: CUDA graph capture failed, launching kernels: %s",
@@ -1067,7 +1025,7 @@ class FastGenerator:
                 captured = self._capture(cache, loop, body)
                 graph = captured[0] if captured else None
             except Exception as exc:
-                self.fused_error = f"{type(exc).__name__}: {exc}"[:500]
+                self.fused_error = _error_text(exc)
                 import logging
 
                 logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph of (%d, %d, "
