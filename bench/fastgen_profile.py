@@ -208,13 +208,14 @@ def rederive(path: Path, name: str) -> int:
     return 0
 
 
-def time_attention(cfg: Any, batch: int, length: int) -> float:
-    """fastgen's decode attention (grouped matmuls) over a static cache of `length` slots, one query token, for
-    every layer of one step, in ms: compiled as fastgen's step compiles it (inductor fuses the scale, mask and
-    softmax) and replayed as one graph of all layers, each layer reading its own cache."""
+def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> float:
+    """fastgen's decode attention of this kind (decode_attention: grouped matmuls, or the triton split kernel
+    reading up to the last slot) over a static cache of `length` slots, one query token, for every layer of one
+    step, in ms: compiled as fastgen's step compiles it and replayed as one graph of all layers, each layer
+    reading its own cache."""
     import torch
 
-    from rlstack.payload.fastgen.engine import gqa_decode_attention
+    from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention
 
     dev, dt = common.DEVICE, torch.bfloat16
     nh, nkv, hd, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
@@ -223,10 +224,11 @@ def time_attention(cfg: Any, batch: int, length: int) -> float:
     v = torch.randn(layers, batch, nkv, length, hd, device=dev, dtype=dt)
     mask = torch.ones(batch, 1, 1, length, device=dev, dtype=torch.bool)
     attn = torch.compile(gqa_decode_attention, dynamic=False) if dev == "cuda" else gqa_decode_attention
+    extra = {SLOT_KWARG: torch.tensor([length - 1], device=dev)} if kind == "triton" else {}
 
     def body() -> None:
         for i in range(layers):
-            attn(None, q, k[i], v[i], mask)
+            attn(None, q, k[i], v[i], mask, **extra)
 
     return graph_ms(body)  # the caches (7 GB at 64 x 768) go with this frame
 
@@ -427,12 +429,13 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["gemm_parts"], row["gemm_forms"] = time_gemms(cfg, batch)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
-        row["attention_ms"] = round(time_attention(cfg, batch, cache_len), 4)
+        kind = eng.decode_attention
+        row["attention_ms"] = round(time_attention(cfg, batch, cache_len, kind), 4)
         filled = prompt_len + new_tokens // 2  # the average context a step attends over
-        row["attention_filled_ms"] = round(time_attention(cfg, batch, filled), 4)
+        row["attention_filled_ms"] = round(time_attention(cfg, batch, filled, kind), 4)
         row["attention_filled_len"] = filled
     if attention_lengths:  # what reading only the filled slots could save: one compile per length
-        row["attention_by_length"] = {n: round(time_attention(cfg, batch, n), 4)
+        row["attention_by_length"] = {n: round(time_attention(cfg, batch, n, eng.decode_attention), 4)
                                       for n in attention_lengths}
     derive_rest(row)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])

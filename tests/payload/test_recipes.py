@@ -213,5 +213,3 @@ def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> N
     with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) attend_buckets; FastGenerator takes: .*"
                                           r"attend_bucket"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.attend_buckets=256"])
-    with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) decode_attention"):  # retired 2026-12-04
-        recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex"])

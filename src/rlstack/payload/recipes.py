@@ -148,8 +148,8 @@ class GrpoSpec(_Strict):
     fastgen_options: dict[str, bool | int | str] = Field(
         default_factory=dict,
         description="fastgen engine options on top of its defaults: FastGenerator's keywords, e.g. "
-        "--set grpo.fastgen_options.attend_bucket=256 or ...compile_mode=max-autotune-no-cudagraphs (what a GPU "
-        "run measures before an option becomes the default)",
+        "--set grpo.fastgen_options.decode_attention=triton or ...attend_bucket=256 (what a GPU run measures "
+        "before an option becomes the default)",
     )
     # TRL's vLLM integration (GRPOConfig use_vllm + vllm_mode). Both modes need vllm in the trainer's own stack:
     # trl 0.24's GRPOTrainer imports it and syncs weights through vLLM's NCCL communicator.

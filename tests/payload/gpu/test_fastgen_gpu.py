@@ -217,3 +217,23 @@ def test_attend_bucket_captures_a_graph_per_read_length_and_decodes_as_generate(
     eng = fastgen.get_engine(model)
     assert eng.fused_error is None and sorted(key[2] for key, g in eng._fused.items() if g is not None) == want
     assert torch.equal(apart, inside)
+
+
+def test_triton_decode_attention_compiles_into_one_graph_and_decodes_as_generate() -> None:
+    """decode_attention="triton" compiled (the split kernel inside inductor's graph) and captured: no fallback to
+    eager, one graph for the whole generation (the read length comes from the slot tensor, not from a graph per
+    length), greedy tokens as generate's, and a LoRA update between calls reaches the replayed graph."""
+    model = _model()
+    model.eval()
+    ids, mask = _inputs()
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=True,
+                           decode_attention="triton")
+    eng = fastgen.get_engine(model)
+    assert eng.compile_error is None and eng.graph_error is None
+    assert len(eng._graphs) == 1 and all(entry is not None for entry in eng._graphs.values())
+    assert (ref == got).float().mean().item() > 0.98
+    _move_adapter(model)
+    ref2 = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    got2 = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)
+    assert not torch.equal(got, got2) and (ref2 == got2).float().mean().item() > 0.98

@@ -41,6 +41,8 @@ from rlstack.core.errors import RlstackError
 
 ENGINE_ATTR = "_rlstack_fastgen_engine"
 READ_KWARG = "fastgen_read"  # how many cache slots a decode step's attention reads (attend_bucket)
+SLOT_KWARG = "fastgen_slot"  # the [1] tensor of the slot a decode step writes (decode_attention="triton")
+DECODE_ATTENTION = ("matmul", "triton")  # FastGenerator(decode_attention=...): how a decode step attends
 
 
 class FastgenError(RlstackError):
@@ -242,12 +244,15 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
     filled slots rounded up, ``attend_bucket``; the slots after them are masked out anyway, so the result is the
     same up to the reduction's rounding, and the bytes read follow the generation instead of the cache's length)
     and attends through grouped matmuls that read each KV head once (transformers' sdpa path with a padding mask
-    first materializes K/V repeated to every query head, ~4x the cache's bytes written and read again per step).
-    torch's flex_attention in their place was measured and retired (bench/notes.md, 2026-12-04 20:18 lease)."""
+    first materializes K/V repeated to every query head, ~4x the cache's bytes written and read again per step);
+    with ``fastgen_slot`` (decode_attention="triton") through fastgen.split_attention instead, which reads the
+    slots up to that one only. torch's flex_attention in their place was measured and retired (bench/notes.md,
+    2026-12-04 20:18 lease)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     read = kwargs.pop(READ_KWARG, None)
+    slot = kwargs.pop(SLOT_KWARG, None)
     if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -256,6 +261,11 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
         if attention_mask is not None:
             attention_mask = attention_mask[..., :read]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if slot is not None:
+        from rlstack.payload.fastgen import split_attention
+
+        keep = None if attention_mask is None else attention_mask[:, 0, -1, :]  # [b, L]: bool (keep) or additive
+        return split_attention.attend(query, key, value, keep, slot, scale).transpose(1, 2).contiguous(), None
     b, h, _, d = query.shape
     kv = key.shape[1]
     qg = query.reshape(b, kv, h // kv, d)
@@ -744,13 +754,17 @@ class FastGenerator:
     * ``attend_bucket=N`` (default 0, off until measured on a GPU): a decode step's attention reads the filled
       cache slots rounded up to N instead of the whole cache (``read_length``); one compiled step and graph per
       read length. Needs fastgen's own decode attention (``gqa_attention`` and the merged shadow).
+    * ``decode_attention="triton"`` (default "matmul"; off until measured on a GPU): a decode step attends through
+      a split-KV Triton kernel (``fastgen.split_attention``) that reads the filled slots only, their number
+      taken from the device at every step: one graph, no per-length compiles. Same requirement; CUDA (or
+      Triton's CPU interpreter).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
                  length_bucket: int = 128, graph: str = "manual", gqa_attention: bool = True,
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
-                 fuse_projections: bool = True, attend_bucket: int = 0) -> None:
+                 fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul") -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -769,10 +783,23 @@ class FastGenerator:
         if not isinstance(attend_bucket, int) or isinstance(attend_bucket, bool) or attend_bucket < 0:
             raise FastgenError(f"fastgen: attend_bucket must be a number of cache slots >= 0, not {attend_bucket!r}",
                                "0 reads the whole cache; e.g. 256 reads the filled slots rounded up to 256")
-        if attend_bucket and not (gqa_attention and (self.merge_lora or not self.peft)):
-            raise FastgenError("fastgen: attend_bucket needs fastgen's own decode attention",
-                               "keep gqa_attention=True and merge_lora=True (the defaults), or attend_bucket=0")
+        if decode_attention not in DECODE_ATTENTION:
+            raise FastgenError(f"fastgen: unknown decode_attention {decode_attention!r}",
+                               f"use one of {', '.join(DECODE_ATTENTION)}")
+        own_attention = gqa_attention and (self.merge_lora or not self.peft)
+        for name, value, off in (("attend_bucket", attend_bucket, 0), ("decode_attention", decode_attention, "matmul")):
+            if value != off and not own_attention:
+                raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
+                                   f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
+        if decode_attention == "triton":
+            from rlstack.payload.fastgen import split_attention
+
+            why = split_attention.available(self.device.type)
+            if why is not None:
+                raise FastgenError(f"fastgen: {why}", "use decode_attention='matmul' (the default) here")
+            split_attention.kernel()  # built here, not inside the compiled step (see kernel)
         self.attend_bucket = attend_bucket
+        self.decode_attention = decode_attention
         # memory_check: refuse before allocating when the shadow / a cache would not fit (default: on CUDA)
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
@@ -839,6 +866,8 @@ class FastGenerator:
         parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"
                  if self.fused_gemms_saved else "projections apart",
                  f"graph {self.graph}" if self.compile else "eager (compile off)"]
+        if self.decode_attention != "matmul":
+            parts.append(f"{self.decode_attention} decode attention")
         if self.attend_bucket:
             parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
@@ -870,8 +899,12 @@ class FastGenerator:
         self._build()
 
     def _decode(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
-                cache_position: Any = None, read: int | None = None) -> Any:
-        extra = self._cache_kwargs(cache_position) | ({READ_KWARG: read} if read is not None else {})
+                slot: Any = None, read: int | None = None) -> Any:
+        """One decode step's float32 logits [B, V]; ``slot`` ([1] on the device, the slot this step writes) goes
+        where it is used: as cache_position (transformers 4.x) and to the triton decode attention."""
+        extra = self._cache_kwargs(slot) | (
+            {READ_KWARG: read} if read is not None else {}) | (
+            {SLOT_KWARG: slot} if self.decode_attention == "triton" and slot is not None else {})
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=cache, use_cache=True, **extra)
         return out.logits[:, -1, :].float()
@@ -899,12 +932,12 @@ class FastGenerator:
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
     def _decode_step(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
-                     cache_position: Any = None, read: int | None = None) -> Any:
+                     slot: Any = None, read: int | None = None) -> Any:
         """One decode step through the compiled function; if compilation itself fails (an unsupported model or
         torch build), fall back to eager decoding, with a warning, rather than failing the training run. The
         cache length is rolled back first because the failed call may have advanced it."""
         if not self.compile:
-            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position, read)
+            return self._decode(input_ids, attention_mask, position_ids, cache, slot, read)
         import torch
 
         if self.graph == "trees":
@@ -912,14 +945,14 @@ class FastGenerator:
         snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
         try:
             if self._compiled_ok:
-                return self._step(input_ids, attention_mask, position_ids, cache, cache_position, read)
+                return self._step(input_ids, attention_mask, position_ids, cache, slot, read)
             # Unsloth turns torch._dynamo.config.suppress_errors on for the whole process (unsloth_zoo
             # patching_utils.py): a failed compile would then run eager in silence, under fastgen's name and at
             # eager speed. The first compiled call raises instead, so the handler below says what failed.
             import torch._dynamo
 
             with torch._dynamo.config.patch(suppress_errors=False):
-                out = self._step(input_ids, attention_mask, position_ids, cache, cache_position, read)
+                out = self._step(input_ids, attention_mask, position_ids, cache, slot, read)
             self._compiled_ok = True
             return out
         except Exception as exc:
@@ -935,7 +968,7 @@ class FastGenerator:
             self._step = self._decode
             for cur, old in zip(self._lengths(cache), snapshot or [], strict=False):
                 cur.copy_(old)
-            return self._decode(input_ids, attention_mask, position_ids, cache, cache_position, read)
+            return self._decode(input_ids, attention_mask, position_ids, cache, slot, read)
 
     def _capture(self, cache: Any, loop: _Loop, body: Callable[[], Any],
                  warm: Callable[[], Any] | None = None) -> tuple[Any, Any] | None:
@@ -982,7 +1015,7 @@ class FastGenerator:
         after a prefill). None when capture is impossible (graph_error)."""
         if key in self._graphs:
             return self._graphs[key]
-        cpos = loop.slot if self._takes_cache_position else None
+        cpos = loop.slot
         read = self._read_arg(key)
         entry = None
         try:
@@ -1014,7 +1047,7 @@ class FastGenerator:
             return self._fused[fkey]
         graph = None
         if self._captured(key, cache, mask, loop) is not None:  # the step compiles and captures alone first
-            cpos = loop.slot if self._takes_cache_position else None
+            cpos = loop.slot
             eos = self._eos_tensor(sampling.eos_token_ids)
             read = self._read_arg(key)
 
@@ -1176,8 +1209,7 @@ class FastGenerator:
                     captured[0].replay()
                     logits = captured[1]
                 else:
-                    logits = self._decode_step(loop.tok, full_mask, loop.pos, cache,
-                                               loop.slot if self._takes_cache_position else None,
+                    logits = self._decode_step(loop.tok, full_mask, loop.pos, cache, loop.slot,
                                                self._read_arg(key))
                 if on_logits is not None:
                     on_logits(k, logits)

@@ -1,0 +1,104 @@
+"""fastgen's triton decode attention (fastgen.split_attention) in Triton's CPU interpreter. Not collected on its
+own: tests/payload/test_fastgen_triton.py runs this file in a process started with TRITON_INTERPRET=1, because
+``triton.jit`` decides at decoration, for triton.language's own helpers too, whether it compiles or interprets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/payload/test_fastgen_triton.py"
+
+import peft  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from rlstack.payload import fastgen  # noqa: E402
+from rlstack.payload.fastgen import split_attention  # noqa: E402
+from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention  # noqa: E402
+
+
+class _Attn(torch.nn.Module):
+    is_causal = True
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+@pytest.mark.parametrize(("b", "h", "kv", "d", "length", "slot"),
+                         [(3, 8, 2, 16, 100, 70), (2, 4, 4, 32, 300, 299), (2, 32, 8, 128, 200, 0),
+                          (1, 6, 2, 24, 130, 129)],
+                         ids=["gqa4", "mha-last-slot", "qwen3-4b-heads-first-slot", "head-dim-24"])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_kernel_attends_as_the_matmul_kernel_and_reads_nothing_after_the_slot(
+        b: int, h: int, kv: int, d: int, length: int, slot: int, mask_kind: str, dtype: torch.dtype) -> None:
+    """The same output as the grouped matmuls over the slots up to ``slot`` (a left-padded row masked); the slots
+    after it hold NaN, which the kernel must not read (the matmul reference gets zeros there, masked out)."""
+    g = torch.Generator().manual_seed(b * 1000 + length)
+    q = torch.randn(b, h, 1, d, generator=g).to(dtype)
+    k = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    v = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    keep = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    keep[0, ..., : min(5, slot)] = False  # row 0 left-padded (never the slot itself)
+    keep[..., slot + 1:] = False
+    mask = {"bool": keep, "none": None,
+            "additive": torch.zeros(b, 1, 1, length, dtype=dtype).masked_fill(~keep, float("-inf"))}[mask_kind]
+    k_ref, v_ref = k.clone(), v.clone()
+    k_ref[:, :, slot + 1:], v_ref[:, :, slot + 1:] = 0, 0
+    bound = torch.ones_like(keep)
+    bound[..., slot + 1:] = False
+    ref_mask = bound if mask is None else mask  # the matmul kernel reads every slot: it needs them masked
+    want, _ = gqa_decode_attention(_Attn(h // kv), q, k_ref, v_ref, ref_mask, scaling=0.3)
+    k[:, :, slot + 1:], v[:, :, slot + 1:] = float("nan"), float("nan")
+    got, _ = gqa_decode_attention(_Attn(h // kv), q, k, v, mask, scaling=0.3,
+                                  **{SLOT_KWARG: torch.tensor([slot])})
+    assert got.shape == want.shape == (b, 1, h, d) and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 4e-2  # bf16: the output's own rounding (a few ulp near 1)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
+    assert split_attention.splits_for(8, 8, 768) == 8  # 64 (sequence, KV head) pairs x 8 = 512 programs
+    assert split_attention.splits_for(64, 8, 768) == 1
+    assert split_attention.splits_for(1, 1, 100) == 2  # 100 slots are 2 blocks of 64
+
+
+def _tiny(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True,
+                                   max_position_embeddings=512)
+    return transformers.Qwen3ForCausalLM(cfg).eval()
+
+
+def _prompts(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[1, :2] = 0
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("options", [{}, {"attend_bucket": 16}], ids=["whole-cache", "attend16"])
+def test_fastgen_with_the_triton_attention_decodes_what_generate_decodes(options: dict) -> None:
+    """Greedy and seeded sampling through a LoRA shadow give generate's tokens, the attention reading the filled
+    slots only (from the slot tensor the loop advances), alone or inside attend_bucket's read lengths."""
+    model = peft.get_peft_model(_tiny(24), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(24)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 20, do_sample=False, pad_token_id=0, compile=False,
+                           decode_attention="triton", **options)
+    assert torch.equal(ref, got)
+    engine = fastgen.get_engine(model)
+    assert engine.decode_attention == "triton" and "triton decode attention" in engine.describe()
+    torch.manual_seed(8)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=True, top_k=50,
+                         pad_token_id=0)
+    torch.manual_seed(8)
+    assert torch.equal(ref, fastgen.generate(model, ids, mask, 20, do_sample=True, top_k=50, pad_token_id=0))
