@@ -204,12 +204,13 @@ def test_top_layers_picks_the_last_layers() -> None:
 def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> None:
     """grpo.fastgen_options reaches FastGenerator's keywords: values keep their TOML types, and a key the engine
     does not take fails at load (not at the first rollout, minutes into a run), naming the ones it takes."""
-    r = recipes.load("gsm8k-grpo", ["grpo.fastgen_options.compile_mode=max-autotune-no-cudagraphs",
+    r = recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=triton",
                                     "grpo.fastgen_options.attend_bucket=256",
                                     "grpo.fastgen_options.sample_in_graph=true"])
-    assert r.grpo.fastgen_options == {"compile_mode": "max-autotune-no-cudagraphs", "attend_bucket": 256,
-                                          "sample_in_graph": True}
+    assert r.grpo.fastgen_options == {"decode_attention": "triton", "attend_bucket": 256, "sample_in_graph": True}
     assert recipes.load("gsm8k-grpo").grpo.fastgen_options == {}
     with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) attend_buckets; FastGenerator takes: .*"
                                           r"attend_bucket"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.attend_buckets=256"])
+    with pytest.raises(RecipeError, match="unknown fastgen decode_attention 'flex'; one of matmul, triton"):
+        recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex"])  # retired 2026-12-04

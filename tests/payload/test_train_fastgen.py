@@ -24,11 +24,10 @@ def test_the_recipes_fastgen_options_reach_the_engine(monkeypatch: pytest.Monkey
     monkeypatch.setattr(fastgen, "install_on_trainer", lambda trainer, **options: seen.append((trainer, options)))
     trainer = object()
     loaded = types.SimpleNamespace(device="cuda", loader="unsloth")
-    recipe = _recipe("grpo.fastgen_options.compile_mode=max-autotune-no-cudagraphs",
-                     "grpo.fastgen_options.attend_bucket=256")
+    recipe = _recipe("grpo.fastgen_options.decode_attention=triton", "grpo.fastgen_options.attend_bucket=256")
     assert grpo.use_fastgen(recipe, trainer, loaded, use_vllm=False)
-    assert seen == [(trainer, {"compile_mode": "max-autotune-no-cudagraphs", "attend_bucket": 256})]
-    assert "options attend_bucket=256, compile_mode=max-autotune-no-cudagraphs" in capsys.readouterr().err
+    assert seen == [(trainer, {"decode_attention": "triton", "attend_bucket": 256})]
+    assert "options attend_bucket=256, decode_attention=triton" in capsys.readouterr().err
     assert grpo.use_fastgen(_recipe(), trainer, loaded, use_vllm=False) and seen[-1][1] == {}
 
 

@@ -172,13 +172,16 @@ class GrpoSpec(_Strict):
         The engine module imports no torch, so this check is cheap."""
         import inspect
 
-        from rlstack.payload.fastgen.engine import FastGenerator
+        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, FastGenerator
 
         known = [p for p in inspect.signature(FastGenerator).parameters if p != "model"]
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"unknown fastgen option(s) {', '.join(unknown)}; FastGenerator takes: "
                              f"{', '.join(known)}")
+        if value.get("decode_attention", DECODE_ATTENTION[0]) not in DECODE_ATTENTION:
+            raise ValueError(f"unknown fastgen decode_attention {value['decode_attention']!r}; one of "
+                             f"{', '.join(DECODE_ATTENTION)}")
         return value
 
     @model_validator(mode="after")

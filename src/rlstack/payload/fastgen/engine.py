@@ -1015,13 +1015,12 @@ class FastGenerator:
         after a prefill). None when capture is impossible (graph_error)."""
         if key in self._graphs:
             return self._graphs[key]
-        cpos = loop.slot
         read = self._read_arg(key)
         entry = None
         try:
             # the warm-up goes through _decode_step, which compiles, or falls back to eager and says so
-            entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, cpos, read),
-                                  warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, cpos, read))
+            entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, loop.slot, read),
+                                  warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, loop.slot, read))
         except Exception as exc:
             self.graph_error = _error_text(exc)
             import logging
@@ -1047,12 +1046,11 @@ class FastGenerator:
             return self._fused[fkey]
         graph = None
         if self._captured(key, cache, mask, loop) is not None:  # the step compiles and captures alone first
-            cpos = loop.slot
             eos = self._eos_tensor(sampling.eos_token_ids)
             read = self._read_arg(key)
 
             def body() -> None:
-                self._pick(self._step(loop.tok, mask, loop.pos, cache, cpos, read), loop, sampling, eos)
+                self._pick(self._step(loop.tok, mask, loop.pos, cache, loop.slot, read), loop, sampling, eos)
 
             try:
                 captured = self._capture(cache, loop, body)

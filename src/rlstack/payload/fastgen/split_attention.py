@@ -12,7 +12,8 @@ blocks (flash-decoding), so that 8 sequences still fill the GPU; the splits are 
 Numerics: q, k and v are widened to float32 before each tl.dot (a bf16 value is exact in TF32, which is what a
 float32 tl.dot multiplies in on the GPU; and Triton 3.6's CPU interpreter computes bf16 dots wrongly), scores and
 softmax in float32 like the matmul kernel; the result differs from it in the order of the float32 reductions and
-in the probabilities not being rounded to the cache's dtype before they weigh V. The kernel is built on first use:
+in the probabilities being rounded to TF32 (10 mantissa bits on the GPU) instead of the cache's dtype before they
+weigh V. The kernel is built on first use:
 ``triton.jit`` decides at decoration whether it runs compiled or in Triton's CPU interpreter (TRITON_INTERPRET=1,
 set before triton is imported), which is how the CPU tests run it.
 """
