@@ -19,6 +19,7 @@ from rlstack.payload import fastgen  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # ~40 s: every kernel call runs in Python
 def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -28,6 +29,47 @@ def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
+
+
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
+@pytest.mark.parametrize("batch", [8, 64])
+def test_the_kernel_compiles_for_hopper_and_blackwell_without_spilling(capability: int, batch: int) -> None:
+    """Triton compiles ahead of time for a GPU it does not have: the kernel as fastgen launches it for the Qwen3-4B
+    shape (8 KV heads of 4 query heads, head dim 128, a 768-slot bf16 cache) becomes a cubin for the H200 and for
+    Blackwell cards, and ptxas keeps it in registers (no stack: the kernel's while-loop form spilled 2 KB a
+    thread at BLOCK_N 64 and 4 warps). What the flex template failed on the GPU in the 2026-12-04 lease, a
+    compile error, shows here first."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    from rlstack.payload.fastgen import split_attention as sa
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"no {cuobjdump} in this triton wheel")
+    kernel = sa.kernel()
+    splits = sa.splits_for(batch, 8, 768)
+    const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits)}
+    assert set(const) == {n for n in kernel.arg_names if n.isupper()}  # every constexpr the kernel takes
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
+             "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    signature = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
+    compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": sa.NUM_WARPS})
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlstack-split-{capability}-{batch}-{os.getpid()}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    try:
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True,
+                               text=True, check=True).stdout
+    finally:
+        cubin.unlink()
+    fields = dict(f.split(":", 1) for f in next(line for line in usage.splitlines() if "REG:" in line).split())
+    assert fields["STACK"] == "0", usage
+    assert int(fields["REG"]) <= 255
 
 
 def _tiny() -> torch.nn.Module:

@@ -63,7 +63,8 @@ def test_the_kernel_attends_as_the_matmul_kernel_and_reads_nothing_after_the_slo
 def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
     assert split_attention.splits_for(8, 8, 768) == 8  # 64 (sequence, KV head) pairs x 8 = 512 programs
     assert split_attention.splits_for(64, 8, 768) == 1
-    assert split_attention.splits_for(1, 1, 100) == 2  # 100 slots are 2 blocks of 64
+    assert split_attention.splits_for(1, 1, 100) == 4  # 100 slots are 4 blocks of 32
+    assert split_attention.iters_for(768, 8) == 3 and split_attention.iters_for(100, 3) == 2  # 34 slots: 2 blocks
 
 
 def _tiny(seed: int) -> torch.nn.Module:
@@ -91,14 +92,14 @@ def test_fastgen_with_the_triton_attention_decodes_what_generate_decodes(options
     model = peft.get_peft_model(_tiny(24), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     model.eval()
     ids, mask = _prompts(24)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
-    got = fastgen.generate(model, ids, mask, 20, do_sample=False, pad_token_id=0, compile=False,
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False,
                            decode_attention="triton", **options)
     assert torch.equal(ref, got)
     engine = fastgen.get_engine(model)
     assert engine.decode_attention == "triton" and "triton decode attention" in engine.describe()
     torch.manual_seed(8)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=True, top_k=50,
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=50,
                          pad_token_id=0)
     torch.manual_seed(8)
-    assert torch.equal(ref, fastgen.generate(model, ids, mask, 20, do_sample=True, top_k=50, pad_token_id=0))
+    assert torch.equal(ref, fastgen.generate(model, ids, mask, 12, do_sample=True, top_k=50, pad_token_id=0))

@@ -20,10 +20,15 @@ set before triton is imported), which is how the CPU tests run it.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
-BLOCK_N = 64  # cache slots per inner iteration
+BLOCK_N = 32  # cache slots per inner iteration
+# with BLOCK_N 32: 152 registers a thread, no spill, for sm_90 and sm_120 (ptxas, ahead of time on the host:
+# tests/payload/test_fastgen_triton.py); 254 at 4 warps; a while-loop form of the kernel spilled 2 KB a thread at
+# BLOCK_N 64 and 4 warps. Registers are not speed: the GPU profile chooses (bench/notes.md)
+NUM_WARPS = 8
 MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Qwen3-4B) are padded to it
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
 
@@ -59,7 +64,8 @@ def kernel() -> Any:
     def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, o_ptr, lse_ptr,
                      sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length, scale,
                      KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr):
+                     BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
+                     ITERS: tl.constexpr):
         # one program: one sequence, one KV head (its G query heads), one split of the filled slots
         bk = tl.program_id(0)
         split = tl.program_id(1)
@@ -79,11 +85,11 @@ def kernel() -> Any:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        start = lo
-        # a while loop, not range(lo, hi, BLOCK): Triton 3.6's interpreter cannot take a tensor as a range bound
-        # (the CPU tests run this very code)
-        while start < hi:
-            offs_n = start + tl.arange(0, BLOCK)
+        # a fixed trip count (the longest split's blocks, from the cache's length), not range(lo, hi, BLOCK):
+        # Triton 3.6's interpreter cannot take a tensor as a range bound (the CPU tests run this very code), a
+        # while loop is not software-pipelined, and blocks past `hi` load nothing (masked) and add nothing
+        for it in range(ITERS):
+            offs_n = lo + it * BLOCK + tl.arange(0, BLOCK)
             n_ok = offs_n < hi
             k = tl.load(k_ptr + b * sk_b + kvh * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
@@ -105,7 +111,6 @@ def kernel() -> Any:
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p, v)
             m_i = m_new
-            start += BLOCK
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -121,8 +126,14 @@ def kernel() -> Any:
 def splits_for(batch: int, kv_heads: int, length: int) -> int:
     """How many splits of the cache each (sequence, KV head) gets: enough programs to fill the GPU
     (TARGET_PROGRAMS), never more than the cache has blocks. Static per shape, like the rest of a captured step."""
-    want = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
-    return max(1, min(want, -(-length // BLOCK_N)))
+    want = max(1, math.ceil(TARGET_PROGRAMS / (batch * kv_heads)))
+    return max(1, min(want, math.ceil(length / BLOCK_N)))
+
+
+def iters_for(length: int, splits: int) -> int:
+    """The kernel's fixed trip count: the blocks of the longest split (a split covers at most length / splits
+    slots, rounded up; the filled slots, split at run time, never need more)."""
+    return math.ceil(math.ceil(length / splits) / BLOCK_N)
 
 
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float) -> Any:
@@ -155,7 +166,8 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float)
         q, key, value, m, slot, o, lse,
         q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
-        KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind)
+        KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
+        ITERS=iters_for(length, splits), num_warps=NUM_WARPS)
     # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
     top = lse.amax(dim=-1, keepdim=True)
     w = torch.exp(lse - top.masked_fill(torch.isinf(top), 0.0))
