@@ -162,7 +162,9 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float)
     lse = torch.empty((b, h, splits), dtype=torch.float32, device=query.device)
     block_d = 1 << max(4, (d - 1).bit_length())
     block_h = max(MIN_BLOCK_H, 1 << max(0, (g - 1).bit_length()))
-    (_KERNEL or kernel())[(b * kv, splits)](
+    # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
+    split = _KERNEL if _KERNEL is not None else kernel()
+    split[(b * kv, splits)](
         q, key, value, m, slot, o, lse,
         q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
