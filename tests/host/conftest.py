@@ -1,8 +1,10 @@
-"""What the bench tests share: loading a bench script (bench/ is not a package) as a module."""
+"""What the bench tests share: loading a bench script (bench/ is not a package) as a module, and running one as
+a command."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,3 +30,14 @@ def load_bench() -> Callable[[str], ModuleType]:
         return module
 
     return load
+
+
+@pytest.fixture(scope="session")
+def run_bench() -> Callable[..., subprocess.CompletedProcess]:
+    """run_bench("rollout_peers", "merge", DIR, env={...}) -> python bench/rollout_peers.py merge DIR, its output
+    captured (what a user types, in a process of its own)."""
+    def run(name: str, *args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +72,11 @@ def test_a_variant_whose_compiled_step_failed_is_not_timed_eager(profile: Module
 
 
 @pytest.mark.slow
-def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path) -> None:
+def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path,
+                                                   run_bench: Callable[..., subprocess.CompletedProcess]) -> None:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(BENCH / "fastgen_profile.py"), "--batches", "2",
-                           "--attention-lengths", "32,64", "--variant", "fuse_projections=false", "--variant", ""],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = run_bench("fastgen_profile", "--batches", "2", "--attention-lengths", "32,64",
+                     "--variant", "fuse_projections=false", "--variant", "", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
     row, fused = data["table"]

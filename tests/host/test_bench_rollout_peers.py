@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -50,18 +47,21 @@ def _engine_file(path: Path, gpu: dict, rows: list[dict]) -> None:
                                 "engine_versions": {}, "host": "device", "rows": rows}))
 
 
-def _merge(*args: str) -> subprocess.CompletedProcess:
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def merge(run_bench: Run) -> Run:
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1"}  # results go to /tmp only
-    return subprocess.run([sys.executable, str(BENCH / "rollout_peers.py"), "merge", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return lambda *args: run_bench("rollout_peers", "merge", *args, env=env, timeout=120)
 
 
-def test_merge_takes_the_measuring_machine_and_blanks_vllms_unseen_peak(tmp_path: Path) -> None:
+def test_merge_takes_the_measuring_machine_and_blanks_vllms_unseen_peak(tmp_path: Path, merge: Run) -> None:
     _engine_file(tmp_path / "fp8-vllm-bf16.json", {"cuda": True, "name": "NVIDIA H200"},
                  [_row("vllm-bf16", 8, 2000.0, peak_gib=0.0)])
     _engine_file(tmp_path / "portable-fastgen.json", {"cuda": True, "name": "NVIDIA H200"},
                  [_row("fastgen", 8, 1600.0, loader="unsloth", peak_gib=10.7)])
-    proc = _merge(str(tmp_path))
+    proc = merge(str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
     assert data["gpu"]["name"] == "NVIDIA H200" and data["date"] == "2026-12-04T15:00:00Z"
@@ -70,17 +70,17 @@ def test_merge_takes_the_measuring_machine_and_blanks_vllms_unseen_peak(tmp_path
     assert peaks == {"vllm-bf16": None, "fastgen": 10.7}
 
 
-def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path) -> None:
+def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path, merge: Run) -> None:
     _engine_file(tmp_path / "a.json", {"cuda": True}, [_row("vllm-bf16", 8, 2000.0)])
     _engine_file(tmp_path / "b.json", {"cuda": True}, [{**_row("fastgen", 8, 1600.0), "run_id": "r2"}])
-    proc = _merge(str(tmp_path))
+    proc = merge(str(tmp_path))
     assert proc.returncode != 0 and "pick one with --run-id" in proc.stderr
-    assert _merge(str(tmp_path), "--run-id", "r2").returncode == 0
+    assert merge(str(tmp_path), "--run-id", "r2").returncode == 0
     data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
     assert [m["file"] for m in data["engine_files"]] == ["b.json"]  # the other lease's file lends nothing
 
 
-def test_merge_under_another_name_leaves_the_full_table(tmp_path: Path) -> None:
+def test_merge_under_another_name_leaves_the_full_table(tmp_path: Path, merge: Run) -> None:
     """A lease that measured only the targets' pair writes its own table: the full one (every engine in one run
     id, issue 14's done-when) is not replaced by two engines."""
     full = Path("/tmp/rlstack-bench-smoke/rollout_peers.json")
@@ -89,7 +89,7 @@ def test_merge_under_another_name_leaves_the_full_table(tmp_path: Path) -> None:
     _engine_file(tmp_path / "fp8-vllm-bf16.json", {"cuda": True}, [_row("vllm-bf16", 8, 2000.0)])
     _engine_file(tmp_path / "portable-fastgen.json", {"cuda": True},
                  [_row("fastgen", 8, 1900.0, loader="unsloth", fraction_of_floor=0.47)])
-    proc = _merge(str(tmp_path), "--name", "rollout_peers_pair")
+    proc = merge(str(tmp_path), "--name", "rollout_peers_pair")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(full.read_text()) == {"kept": True}
     pair = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers_pair.json").read_text())
