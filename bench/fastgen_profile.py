@@ -235,9 +235,10 @@ def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> f
 
 def time_sampling(eng: Any, cfg: Any, batch: int, cache_len: int, sampling: Any) -> float:
     """fastgen's pick of one step (the recipe's warpers on float32 logits over the whole vocabulary, the draw,
-    EOS bookkeeping, the next inputs), eager and call by call, launches included: what the loop runs between
-    two replays where the pick is not in the graph (sample_in_graph off, or its capture failed). On a scratch
-    loop state, so the engine's own stays as the run left it."""
+    EOS bookkeeping, the next inputs), call by call, launches included, as the engine runs it (eager, or through
+    inductor with compile_pick): what the loop runs between two replays where the pick is not in the graph
+    (sample_in_graph off, or its capture failed). On a scratch loop state, so the engine's own stays as the run
+    left it."""
     import torch
 
     from rlstack.payload.fastgen.engine import _Loop
@@ -248,7 +249,7 @@ def time_sampling(eng: Any, cfg: Any, batch: int, cache_len: int, sampling: Any)
 
     def pick() -> None:
         loop.k.fill_(100)  # inside the token buffer whatever the number of calls
-        eng._pick(logits, loop, sampling, eos)
+        eng._pick_step(logits, loop, sampling, eos)
 
     return median_ms(pick)
 

@@ -547,6 +547,61 @@ def test_a_failed_compile_is_said_even_where_unsloth_silences_dynamo(monkeypatch
     assert torch.equal(ref, got)
 
 
+def _compile_with(monkeypatch, pick_backend):
+    """torch.compile as the engine calls it, with stand-in backends (inductor needs a C++ toolchain here): the step
+    through aot_eager (functionalized, then eager kernels), the pick through ``pick_backend``."""
+    from rlstack.payload.fastgen.engine import FastGenerator
+
+    real_compile = torch.compile
+
+    def compile_(fn, **kw):
+        return real_compile(fn, backend=pick_backend if fn is FastGenerator._pick else "aot_eager", dynamic=False)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "seeded-sampling"])
+def test_a_compiled_pick_gives_generates_tokens(monkeypatch, do_sample: bool) -> None:
+    """compile_pick: the pick traced by dynamo and functionalized by AOT autograd (its in-place updates of the
+    loop state, its draw from the global generator) gives generate's exact tokens, greedy and seeded."""
+    model = peft.get_peft_model(_tiny(31), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(31)
+    kw = {"do_sample": True, "top_k": 50} if do_sample else {"do_sample": False}
+    torch.manual_seed(4)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0, **kw)
+    _compile_with(monkeypatch, "aot_eager")
+    torch.manual_seed(4)
+    got = fastgen.generate(model, ids, mask, 10, pad_token_id=0, compile=True, compile_pick=True, **kw)
+    engine = fastgen.get_engine(model)
+    assert engine._pick_ok and engine.pick_error is None and "pick compiled" in engine.describe()
+    assert torch.equal(ref, got)
+
+
+def test_a_pick_that_fails_to_compile_is_said_and_picked_eagerly(monkeypatch) -> None:
+    """The compiled pick's first call raises (a stand-in backend): the loop state is set back, pick_error says
+    why, and the eager pick gives generate's tokens, from that call on."""
+    model = _tiny(32)
+    ids, mask = _prompts(32)
+    torch.manual_seed(6)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=True, top_k=20,
+                         pad_token_id=0)
+
+    def no_pick(gm, example_inputs):
+        raise RuntimeError("no kernel for the pick")
+
+    _compile_with(monkeypatch, no_pick)
+    torch.manual_seed(6)
+    with torch._dynamo.config.patch(suppress_errors=True):  # as Unsloth sets it: the failure is said anyway
+        got = fastgen.generate(model, ids, mask, 8, do_sample=True, top_k=20, pad_token_id=0, compile=True,
+                               compile_pick=True)
+    engine = fastgen.get_engine(model)
+    assert engine.pick_error is not None and "no kernel for the pick" in engine.pick_error
+    assert engine._pick_compiled is None and "pick eager (its compile failed)" in engine.describe()
+    assert torch.equal(ref, got)
+
+
 # fuse_projections (rlstack.payload.fastgen.fused): the same tokens as generate, one GEMM per group in the
 # compiled decode step, the fused buffer refreshed with the adapter, nothing fused where the shadow does not
 # own the weights
