@@ -69,7 +69,7 @@ def kernel() -> Any:
         # one program: one sequence, one KV head (its G query heads), one split of the filled slots
         bk = tl.program_id(0)
         split = tl.program_id(1)
-        b = bk // KV
+        b = (bk // KV).to(tl.int64)  # 64-bit offsets: a layer cache of 2**31 elements (4 GiB of bf16) is reachable
         kvh = bk % KV
         filled = tl.minimum(tl.load(slot_ptr) + 1, length)  # the slots written so far, this step's included
         chunk = tl.cdiv(tl.cdiv(filled, SPLITS), BLOCK) * BLOCK
