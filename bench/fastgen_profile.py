@@ -394,7 +394,8 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     cache_len = next((k[1] for k in eng._caches if k[0] == batch), None)  # the bucketed static cache length
     row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
-                           "graph_error": eng.graph_error}
+                           "graph_error": eng.graph_error, "pick_error": eng.pick_error,
+                           "fastgen_describe": eng.describe()}
     # the graph over the whole cache (with attend_bucket, the one of the generation's last read length)
     entry = eng._graphs.get((batch, cache_len, cache_len)) if cache_len else None
     fused = eng._fused.get((batch, cache_len, cache_len, sampling)) if cache_len else None
