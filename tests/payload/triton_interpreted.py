@@ -12,7 +12,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/payload/tes
 
 import peft  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
+from test_fastgen import _prompts, _tiny  # noqa: E402  (this folder is on the path, as pytest puts it)
 
 from rlstack.payload import fastgen  # noqa: E402
 from rlstack.payload.fastgen import split_attention  # noqa: E402
@@ -65,24 +65,6 @@ def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
     assert split_attention.splits_for(64, 8, 768) == 1
     assert split_attention.splits_for(1, 1, 100) == 4  # 100 slots are 4 blocks of 32
     assert split_attention.iters_for(768, 8) == 3 and split_attention.iters_for(100, 3) == 2  # 34 slots: 2 blocks
-
-
-def _tiny(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True,
-                                   max_position_embeddings=512)
-    return transformers.Qwen3ForCausalLM(cfg).eval()
-
-
-def _prompts(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 300, (3, 9), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    mask[1, :2] = 0
-    ids[mask == 0] = 0
-    return ids, mask
 
 
 @pytest.mark.parametrize("options", [{}, {"attend_bucket": 16}], ids=["whole-cache", "attend16"])
