@@ -130,8 +130,11 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
       weight_left       W @ x.T ([n, batch]: the weight as the GEMM's M side, another heuristic, another kernel)
       weight_left_copy  the same and its transpose copied back to [batch, n] (what a drop-in Linear would pay)
       cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
-                        preference is put back after)"""
+                        preference is put back after)
+      split_k           fastgen.skinny's split-K Triton kernel (skinny_gemm), where batch <= its MAX_ROWS"""
     import torch
+
+    from rlstack.payload.fastgen import skinny
 
     dev, dt = common.DEVICE, torch.bfloat16
     parts: dict[str, dict[str, Any]] = {}
@@ -161,6 +164,12 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
                 timed["cublaslt"] = graph_ms(body)
             finally:
                 torch.backends.cuda.preferred_blas_library(before)
+            if batch <= skinny.MAX_ROWS:
+                def split_k(w: Any = w, x: Any = x, count: int = count) -> None:
+                    for i in range(count):
+                        skinny.matmul(x, w[i])
+
+                timed["split_k"] = graph_ms(split_k)
             forms[name] = {k: round(v, 5) for k, v in timed.items()}
         del w, x, y, yt
     return parts, forms
@@ -395,6 +404,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
                            "graph_error": eng.graph_error, "pick_error": eng.pick_error,
+                           "skinny_gemms": eng.skinny_gemms,
                            "fastgen_describe": eng.describe()}
     # the graph over the whole cache (with attend_bucket, the one of the generation's last read length)
     entry = eng._graphs.get((batch, cache_len, cache_len)) if cache_len else None
@@ -429,6 +439,12 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = time_pick_parts(cfg, batch, sampling)
     row["gemm_parts"], row["gemm_forms"] = time_gemms(cfg, batch)
+    if eng.skinny_gemms:  # the engine runs these through fastgen.skinny: the step's GEMM sum counts that kernel
+        from rlstack.payload.fastgen import skinny
+
+        for name in skinny.TARGETS:
+            if "split_k" in row["gemm_forms"].get(name, {}):
+                row["gemm_parts"][name]["ms"] = row["gemm_forms"][name]["split_k"]
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         kind = eng.decode_attention

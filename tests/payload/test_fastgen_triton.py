@@ -31,45 +31,64 @@ def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
     assert " passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
 
 
-@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
-@pytest.mark.parametrize("batch", [8, 64])
-def test_the_kernel_compiles_for_hopper_and_blackwell_without_spilling(capability: int, batch: int) -> None:
-    """Triton compiles ahead of time for a GPU it does not have: the kernel as fastgen launches it for the Qwen3-4B
-    shape (8 KV heads of 4 query heads, head dim 128, a 768-slot bf16 cache) becomes a cubin for the H200 and for
-    Blackwell cards, and ptxas keeps it in registers (no stack: the kernel's while-loop form spilled 2 KB a
-    thread at BLOCK_N 64 and 4 warps). What the flex template failed on the GPU in the 2026-12-04 lease, a
-    compile error, shows here first."""
+def _register_use(kernel, types: dict[str, str], const: dict[str, int], capability: int, num_warps: int) -> dict:
+    """Compile ``kernel`` ahead of time for sm_<capability> (Triton + the ptxas in its wheel, no GPU) and read
+    ptxas's resource use from the cubin: {"REG": ..., "STACK": ..., ...}."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
-    from rlstack.payload.fastgen import split_attention as sa
-
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         pytest.skip(f"no {cuobjdump} in this triton wheel")
-    kernel = sa.kernel()
-    splits = sa.splits_for(batch, 8, 768)
-    const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
-             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits)}
     assert set(const) == {n for n in kernel.arg_names if n.isupper()}  # every constexpr the kernel takes
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-             "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
     signature = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
-    compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": sa.NUM_WARPS})
-    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlstack-split-{capability}-{batch}-{os.getpid()}.cubin"
+    compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlstack-{kernel.__name__}-{capability}-{os.getpid()}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     try:
         usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True,
                                text=True, check=True).stdout
     finally:
         cubin.unlink()
-    fields = dict(f.split(":", 1) for f in next(line for line in usage.splitlines() if "REG:" in line).split())
-    assert fields["STACK"] == "0", usage
-    assert int(fields["REG"]) <= 255
+    return dict(f.split(":", 1) for f in next(line for line in usage.splitlines() if "REG:" in line).split())
+
+
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
+@pytest.mark.parametrize("batch", [8, 64])
+def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling(capability: int,
+                                                                                batch: int) -> None:
+    """Triton compiles ahead of time for a GPU it does not have: the kernel as fastgen launches it for the Qwen3-4B
+    shape (8 KV heads of 4 query heads, head dim 128, a 768-slot bf16 cache) becomes a cubin for the H200 and for
+    Blackwell cards, and ptxas keeps it in registers (no stack: the kernel's while-loop form spilled 2 KB a
+    thread at BLOCK_N 64 and 4 warps). What the flex template failed on the GPU in the 2026-12-04 lease, a
+    compile error, shows here first."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    splits = sa.splits_for(batch, 8, 768)
+    const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits)}
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
+             "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS)
+    assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
+
+
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
+@pytest.mark.parametrize(("n", "k"), [(2560, 4096), (2560, 9728)], ids=["o_proj", "down_proj"])
+def test_the_split_k_gemm_compiles_for_hopper_and_blackwell_without_spilling(capability: int, n: int,
+                                                                             k: int) -> None:
+    """The same ahead-of-time check for fastgen.skinny's kernel at the Qwen3-4B shapes it replaces."""
+    from rlstack.payload.fastgen import skinny
+
+    const = {"BLOCK_M": skinny.MAX_ROWS, "BLOCK_N": skinny.BLOCK_N, "BLOCK_K": skinny.BLOCK_K,
+             "ITERS": skinny.launch_shape(n, k)[1]}
+    use = _register_use(skinny.kernel(), {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*fp32"}, const,
+                        capability, 4)
+    assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
 
 
 def _tiny() -> torch.nn.Module:
@@ -84,6 +103,17 @@ def test_off_cuda_without_the_interpreter_it_is_refused_saying_why(monkeypatch: 
     with pytest.raises(fastgen.FastgenError, match="runs on CUDA .*TRITON_INTERPRET=1") as err:
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton")
     assert "use decode_attention='matmul'" in str(err.value)  # what to do instead
+
+
+def test_the_split_k_gemm_is_refused_off_cuda_and_without_the_merged_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(fastgen.FastgenError, match="skinny_gemm=True runs on CUDA"):
+        fastgen.FastGenerator(_tiny(), compile=False, skinny_gemm=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # past the device check (nothing is built before it)
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(_tiny(), peft.LoraConfig(r=2, target_modules="all-linear"))
+    with pytest.raises(fastgen.FastgenError, match="skinny_gemm needs the merged shadow"):
+        fastgen.FastGenerator(lora, compile=False, skinny_gemm=True, merge_lora=False)
 
 
 def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused() -> None:

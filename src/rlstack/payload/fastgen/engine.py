@@ -447,7 +447,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = True) -> None:
+                 fuse_projections: bool = True, skinny_gemm: bool = False) -> None:
         import copy
 
         import torch
@@ -475,15 +475,16 @@ class _Shadow:
         groups: list[tuple[str, tuple[str, ...]]] = []
         fused_bufs: dict[str, Any] = {}
         views: dict[str, Any] = {}
+
+        def owned(name: str) -> bool:  # and on the device the group's buffer goes to (a split device_map)
+            src = src_modules.get(name)
+            if src is None or not (name in lora_names or _is_quantized(src)):
+                return False
+            base = src.get_base_layer() if name in lora_names else src
+            return bool(base.weight.device == device)
+
         if fuse_projections:  # the shadow's own weights only: see fastgen.fused
             from rlstack.payload.fastgen import fused
-
-            def owned(name: str) -> bool:  # and on the device the group's buffer goes to (a split device_map)
-                src = src_modules.get(name)
-                if src is None or not (name in lora_names or _is_quantized(src)):
-                    return False
-                base = src.get_base_layer() if name in lora_names else src
-                return bool(base.weight.device == device)
 
             groups = fused.plan(shadow, owned)
             fused_bufs, views = fused.allocate(shadow, groups, dtype, device)
@@ -538,6 +539,11 @@ class _Shadow:
             raise FastgenError(f"fastgen: shadow model has unmapped tensors: {leftover[:5]}", "use merge_lora=False")
         # GEMMs a decode step saves by fusing (0 where nothing could be fused: shared weights, biases, other names)
         self.fused_gemms_saved = fused.install(shadow, groups, fused_bufs) if groups else 0
+        self.skinny_gemms = 0  # projections through fastgen.skinny's split-K kernel (skinny_gemm)
+        if skinny_gemm:
+            from rlstack.payload.fastgen import skinny
+
+            self.skinny_gemms = skinny.install(shadow, owned)
         self.model = shadow
         self.refresh()
 
@@ -763,6 +769,9 @@ class FastGenerator:
       kernels (eager: ~15, each reading or writing the whole tensor: 0.47 ms at 64 sequences on the H200). Random
       numbers stay aten's (inductor's ``fallback_random``), so the draw consumes the generator as the eager pick
       does. Where its compile fails (``pick_error``) the eager pick takes over, once, saying why.
+    * ``skinny_gemm=True`` (default off until measured on a GPU): the shadow's o_proj and down_proj run through
+      a split-K Triton GEMM (``fastgen.skinny``) at decode (<= 16 rows); ``skinny_gemms`` says how many
+      projections (0: the shadow owns none of them). CUDA (or Triton's CPU interpreter).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
@@ -770,7 +779,7 @@ class FastGenerator:
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul",
-                 compile_pick: bool = False) -> None:
+                 compile_pick: bool = False, skinny_gemm: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -797,13 +806,17 @@ class FastGenerator:
             if value != off and not own_attention:
                 raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
                                    f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
-        if decode_attention == "triton":
-            from rlstack.payload.fastgen import split_attention
+        from rlstack.payload.fastgen import split_attention
 
-            why = split_attention.available(self.device.type)
+        for name, value, off in (("decode_attention", decode_attention, "matmul"), ("skinny_gemm", skinny_gemm, False)):
+            why = split_attention.available(self.device.type, f"{name}={value!r}") if value != off else None
             if why is not None:
-                raise FastgenError(f"fastgen: {why}", "use decode_attention='matmul' (the default) here")
+                raise FastgenError(f"fastgen: {why}", f"use {name}={off!r} (the default) here")
+        if skinny_gemm and self.peft and not self.merge_lora:
+            raise FastgenError("fastgen: skinny_gemm needs the merged shadow", "keep merge_lora=True (the default)")
+        if decode_attention == "triton":
             split_attention.kernel()  # built here, not inside the compiled step (see kernel)
+        self.skinny_gemm = skinny_gemm
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
         self.compile_pick = compile_pick and self.compile
@@ -840,7 +853,7 @@ class FastGenerator:
         model = self.model
         if self.merge_lora or not self.peft:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
-                                   fuse_projections=self.fuse_projections)
+                                   fuse_projections=self.fuse_projections, skinny_gemm=self.skinny_gemm)
             self.patches = self._shadow.patches
             self.decoder = self._shadow.model
         else:
@@ -882,6 +895,8 @@ class FastGenerator:
                  f"graph {self.graph}" if self.compile else "eager (compile off)"]
         if self.decode_attention != "matmul":
             parts.append(f"{self.decode_attention} decode attention")
+        if self.skinny_gemm:
+            parts.append(f"split-K GEMMs for {self.skinny_gemms} projections")
         if self.attend_bucket:
             parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
@@ -893,6 +908,11 @@ class FastGenerator:
         if self.patches:
             parts.append(f"pristine copy of {len(self.patches)} patched members")
         return ", ".join(parts)
+
+    @property
+    def skinny_gemms(self) -> int:
+        """Projections through fastgen.skinny's split-K kernel (skinny_gemm; 0 before the shadow is built)."""
+        return self._shadow.skinny_gemms if self._shadow is not None else 0
 
     @property
     def fused_gemms_saved(self) -> int:

@@ -40,14 +40,15 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def available(device_type: str) -> str | None:
-    """None where the kernel can run on this device, else why not (said by FastGenerator when it refuses)."""
+def available(device_type: str, what: str) -> str | None:
+    """None where fastgen's Triton kernels (this one, fastgen.skinny's) can run on this device, else why not, for
+    FastGenerator to refuse ``what`` (the option) with."""
     if device_type != "cuda" and not interpreted():
-        return "the triton decode attention runs on CUDA (or in Triton's CPU interpreter, TRITON_INTERPRET=1)"
+        return f"{what} runs on CUDA (or in Triton's CPU interpreter, TRITON_INTERPRET=1)"
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "the triton decode attention needs the triton package (torch's CUDA wheels bring it)"
+        return f"{what} needs the triton package (torch's CUDA wheels bring it)"
     return None
 
 
