@@ -324,6 +324,18 @@ def test_generate_keyword_arguments_without_a_config() -> None:
     assert torch.equal(ref, got)
 
 
+def test_top_k_zero_means_no_top_k_as_in_transformers() -> None:
+    """fastgen.generate(top_k=0): no top-k, as transformers' TopK reads 0 (it asked torch.topk for 0 values)."""
+    model = _tiny(15)
+    ids, mask = _prompts(15)
+    torch.manual_seed(2)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=9, do_sample=True, top_k=0,
+                         pad_token_id=0)
+    torch.manual_seed(2)
+    got = fastgen.generate(model, ids, mask, 9, do_sample=True, top_k=0, pad_token_id=0, compile=False)
+    assert torch.equal(ref, got)
+
+
 def test_unpatched_modeling_modules_are_not_reported_as_patched() -> None:
     """transformers decorates its own classes (hub kernels replace __init__): that is not a patch, and the shadow
     keeps using the live classes on the transformers path."""

@@ -189,7 +189,7 @@ def _warp(logits: Any, sampling: Sampling) -> Any:
 
     if sampling.temperature != 1.0:
         logits = logits / sampling.temperature
-    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+    if sampling.top_k and sampling.top_k < logits.shape[-1]:  # 0 or None: no top-k, as transformers' TopK
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     if sampling.top_p < 1.0:
