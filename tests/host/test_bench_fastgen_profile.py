@@ -71,6 +71,23 @@ def test_a_variant_whose_compiled_step_failed_is_not_timed_eager(profile: Module
     assert len(calls) == 1
 
 
+def test_shape_timings_are_measured_once_a_process_and_handed_out_as_copies(profile: ModuleType) -> None:
+    """Variants share the GEMM, pick and attention timings of a shape (they do not depend on the engine), and a
+    row that edits its copy (gemm_columns adds fields, skinny_gemm swaps a time) leaves the next row's alone."""
+    calls: list[int] = []
+
+    def measure() -> dict:
+        calls.append(1)
+        return {"o_proj": {"ms": 0.4}}
+
+    first = profile.once(("test-gemms", 8), measure)
+    first["o_proj"]["ms"] = 0.25
+    again = profile.once(("test-gemms", 8), measure)
+    assert calls == [1] and again == {"o_proj": {"ms": 0.4}}
+    profile.once(("test-gemms", 64), measure)
+    assert calls == [1, 1]
+
+
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path,
                                                    run_bench: Callable[..., subprocess.CompletedProcess]) -> None:
