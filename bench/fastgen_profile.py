@@ -64,8 +64,9 @@ import rollout_generation as rg
 
 PROMPT_LENS = (150, 170, 190, 210)
 COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_mean_ms", "replay_fused_ms",
-           "pick_in_graph_ms", "loop_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction", "attention_ms",
-           "attention_filled_ms", "rest_ms", "fusion_saving_ms", "kernels_per_step", "kernels_per_fused_step",
+           "pick_in_graph_ms", "loop_ms", "prefill_share_ms", "sampling_ms", "gemm_ms", "gemm_bandwidth_fraction",
+           "attention_ms", "attention_filled_ms", "rest_ms", "fusion_saving_ms", "kernels_per_step",
+           "kernels_per_fused_step",
            "floor_ms", "fraction_of_floor", "fused_gemms_saved", "fused_error"]
 NOTES = ("fastgen's decode step split into parts timed alone (bench/fastgen_profile.py docstring): ms per decode step; "
          "gemm: the step's GEMMs as the engine runs them (the fused shapes where fused_gemms_saved > 0); "
@@ -472,6 +473,13 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         row["attention_by_length"] = {n: round(once(("attention", batch, n, eng.decode_attention),
                                                     lambda n=n: time_attention(cfg, batch, n, eng.decode_attention)), 4)
                                       for n in attention_lengths}
+    # what of loop_ms is the generation's fixed cost: the shadow's refresh, the prefill and the first pick, timed
+    # as a one-token generate (its cache is the 128-slot bucket above the prompt, not the run's: the prefill's
+    # attention reads fewer slots, its GEMMs are the same), spread over the run's tokens
+    first = statistics.median(common.cuda_time(lambda: eng.generate(inputs["input_ids"], inputs["attention_mask"], 1,
+                                                                    sampling), warmup=1, reps=reps))
+    row["prefill_ms"] = round(first * 1e3, 3)
+    row["prefill_share_ms"] = round(first * 1e3 / new_tokens, 4)
     derive_rest(row)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
     row["floor_ms"] = round(floor["floor_step_s"] * 1e3, 4)
