@@ -210,7 +210,7 @@ class _FastEval:
             say_how_once(self.model, "rlstack eval: fastgen")  # which path the generations took, as train says it
             return out
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails
-            self.failed = f"{type(exc).__name__}: {exc}"[:300]
+            self.failed = fastgen.error_text(exc)
             fastgen.release(self.model)  # its shadow and graphs hold memory transformers' generate may need
             print(f"rlstack eval: fastgen failed ({self.failed}); transformers' generate does the rest",
                   file=sys.stderr, flush=True)

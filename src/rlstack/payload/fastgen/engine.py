@@ -223,8 +223,9 @@ def _draw(warped: Any, generator: Any, invalid: Any) -> Any:
     return (warped - q.log()).argmax(dim=-1)
 
 
-def _error_text(exc: BaseException, head: int = 300, tail: int = 1200) -> str:
-    """An exception as one string for a warning and the engine's ``*_error`` fields: its start (what failed) and
+def error_text(exc: BaseException, head: int = 300, tail: int = 1200) -> str:
+    """An exception as one string for a warning, the engine's ``*_error`` fields and the fallback's reason (the
+    training hook's, the evaluation's): its start (what failed) and
     its end (why). A Triton CompilationError states its reason after the kernel source it quotes: a cut after
     the first 500 characters kept the source and lost the reason (bench/notes.md, the 2026-12-04 20:18 lease)."""
     text = f"{type(exc).__name__}: {exc}"
@@ -996,7 +997,7 @@ class FastGenerator:
                 raise
             import logging
 
-            self.compile_error = _error_text(exc)
+            self.compile_error = error_text(exc)
             logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s",
                                                 self.compile_error)
             self.compile = False
@@ -1058,7 +1059,7 @@ class FastGenerator:
             entry = self._capture(cache, loop, lambda: self._step(loop.tok, mask, loop.pos, cache, loop.slot, read),
                                   warm=lambda: self._decode_step(loop.tok, mask, loop.pos, cache, loop.slot, read))
         except Exception as exc:
-            self.graph_error = _error_text(exc)
+            self.graph_error = error_text(exc)
             import logging
 
             logging.getLogger(__name__).warning("fastgen: CUDA graph capture failed, launching kernels: %s",
@@ -1093,7 +1094,7 @@ class FastGenerator:
                 captured = self._capture(cache, loop, body)
                 graph = captured[0] if captured else None
             except Exception as exc:
-                self.fused_error = _error_text(exc)
+                self.fused_error = error_text(exc)
                 import logging
 
                 logging.getLogger(__name__).warning("fastgen: sampling could not join the CUDA graph of (%d, %d, "
@@ -1138,7 +1139,7 @@ class FastGenerator:
         except Exception as exc:
             import logging
 
-            self.pick_error = _error_text(exc)
+            self.pick_error = error_text(exc)
             logging.getLogger(__name__).warning("fastgen: the compiled pick failed, picking eagerly: %s",
                                                 self.pick_error)
             self._pick_compiled = None

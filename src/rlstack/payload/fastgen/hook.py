@@ -25,6 +25,7 @@ from typing import Any
 from rlstack.payload.fastgen.engine import (
     ENGINE_ATTR,
     FastgenError,
+    error_text,
     get_engine,
     release,
     resolve_generation_config,
@@ -88,13 +89,13 @@ def uninstall(model: Any) -> None:
 def _mark_failed(model: Any, exc: BaseException) -> None:
     """Record the failure, drop the engine (its shadow, caches and CUDA graphs hold GPU memory the original
     generate may need) and say so once, on stderr, where the trainer's progress lines go."""
-    reason = f"{type(exc).__name__}: {exc}"
+    reason = error_text(exc)
     if not isinstance(exc, FastgenError):  # an unexpected failure: keep its traceback in the log
         log.warning("fastgen failed", exc_info=exc)
     object.__setattr__(model, _FAILED_ATTR, reason)
     release(model)
     one_line = " ".join(reason.split())
-    print(f"rlstack fastgen: falling back to the model's own generate for the rest of this run: {one_line[:1500]}",
+    print(f"rlstack fastgen: falling back to the model's own generate for the rest of this run: {one_line}",
           file=sys.stderr, flush=True)
 
 
