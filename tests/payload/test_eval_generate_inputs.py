@@ -230,3 +230,33 @@ def test_fastgen_is_refused_for_the_vllm_backend() -> None:
 
     with pytest.raises(RlstackError, match="--fastgen is for the hf backend"):
         eval_(model="tiny", backend="vllm", fastgen=True, n=1, data="generated:4")
+
+
+def test_hf_eval_with_fastgens_reference_kernels_gives_the_same_tokens_and_says_so(
+        tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlstack eval --fastgen --reference-kernels`: the engine decodes through the model itself (no shadow), the
+    texts are transformers' generate's, and the label and the stderr line name the path."""
+    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+    from rlstack.payload.train import loading
+
+    model, tok = tiny_model
+    vars(model).pop(ENGINE_ATTR, None)
+    monkeypatch.setattr(loading, "load_base_transformers", lambda target, spec: (model, tok, "transformers", "cpu"))
+    cfg = gsm8k.EvalConfig(model="tiny", batch_size=2, max_new_tokens=12)
+    ref, ref_lengths, _, _ = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    cfg.fastgen = cfg.reference_kernels = True
+    got, got_lengths, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
+    assert engine == "transformers@cpu+fastgen-reference"
+    assert got == ref and got_lengths == ref_lengths
+    assert vars(model)[ENGINE_ATTR].decoder is model
+    said = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rlstack eval: fastgen generating with")]
+    assert len(said) == 1 and "transformers' kernels" in said[0]
+    vars(model).pop(ENGINE_ATTR, None)
+
+
+def test_reference_kernels_without_fastgen_are_refused() -> None:
+    from rlstack.core.errors import RlstackError
+    from rlstack.payload.commands import eval_
+
+    with pytest.raises(RlstackError, match="--reference-kernels .* needs --fastgen"):
+        eval_(model="tiny", reference_kernels=True, n=1, data="generated:4")

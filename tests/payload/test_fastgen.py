@@ -822,3 +822,81 @@ def test_the_draw_is_multinomials_draw_without_the_softmax() -> None:
     invalid = torch.zeros(3, dtype=torch.bool)
     _draw(bad, None, invalid)
     assert invalid.tolist() == [True, True, True]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_reference_kernels_decode_through_the_model_itself_and_give_generates_tokens(lora: bool,
+                                                                                    do_sample: bool) -> None:
+    """reference_kernels: no shadow (the model, a PEFT model's LoRA modules unmerged), transformers' attention,
+    generate's exact tokens greedy and under a seed; the memory plan counts no shadow."""
+    model = _tiny(9)
+    if lora:
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
+                                                           init_lora_weights=False)).eval()
+    ids, mask = _prompts(9)
+    kw = {"do_sample": do_sample, "top_k": 20, "pad_token_id": 0}
+    torch.manual_seed(4)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kw)
+    torch.manual_seed(4)
+    got = fastgen.generate(model, ids, mask, 10, reference_kernels=True, **kw)
+    assert torch.equal(ref, got)
+    engine = fastgen.get_engine(model)
+    assert engine._shadow is None and engine.decoder is (model.get_base_model() if lora else model)
+    assert engine.last_plan is not None and engine.last_plan.shadow == 0
+    assert "transformers' kernels, eager" in engine.describe()
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the aten calls that read a tensor's value back to the host (a CUDA graph cannot hold them)."""
+
+    READS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "equal"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.READS:
+            self.seen.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_reads_are_detected() -> None:
+    with _HostReads() as reads:
+        bool(torch.ones(3).all())
+        torch.arange(4).nonzero()
+    assert reads.seen == ["_local_scalar_dense", "nonzero"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatch, lora: bool) -> None:
+    """What lets reference_kernels capture transformers' eager step into a CUDA graph (on CUDA, where this test
+    cannot run): its decode step asks the device for no value, under the installed transformers (5.x and 4.57
+    build the static cache's mask without the padding check that reads one). Why a test: a transformers release
+    that adds such a read breaks capture, and the GPU then launches every kernel from Python (graph_error)."""
+    model = _tiny(10)
+    if lora:
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
+                                                           init_lora_weights=False)).eval()
+    ids, mask = _prompts(10)
+    engine = fastgen.get_engine(model, reference_kernels=True)
+    calls: list[list[str]] = []
+    real = engine._decode
+
+    def watched(*args, **kwargs):
+        with _HostReads() as reads:
+            out = real(*args, **kwargs)
+        calls.append(reads.seen)
+        return out
+
+    monkeypatch.setattr(engine, "_decode", watched)
+    engine.generate(ids, mask, 5, fastgen.Sampling(do_sample=False, pad_token_id=0))
+    assert calls == [[]] * 4  # four decode steps (token 0 comes from the prefill, which is not captured)
+
+
+@pytest.mark.parametrize("option", [{"compile": True}, {"attend_bucket": 128}, {"decode_attention": "triton"},
+                                    {"skinny_gemm": True}, {"compile_pick": True}, {"graph": "trees"}])
+def test_reference_kernels_refuse_options_that_change_the_kernels(option: dict) -> None:
+    with pytest.raises(fastgen.FastgenError, match=f"reference_kernels .*{next(iter(option))}="):
+        fastgen.FastGenerator(_tiny(0), reference_kernels=True, **option)

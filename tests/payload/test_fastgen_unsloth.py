@@ -384,3 +384,20 @@ def test_qlora_shadow_computes_in_the_4bit_compute_dtype(tiny_folder) -> None:
     cfg = model.config
     embed = cfg.vocab_size * cfg.hidden_size * 2  # tied: one bf16 copy for embedding and lm_head
     assert plan.shadow > embed
+
+
+def test_reference_kernels_refuse_unsloths_patched_classes_and_fall_back_once(tiny_folder, unsloth, capsys) -> None:
+    """reference_kernels decodes through the model's own classes; under Unsloth those are Unsloth's forwards, not
+    transformers', so fastgen refuses (saying so) and Unsloth's own generate serves: the twin's tokens."""
+    unsloth.apply()
+    twin = unsloth.load(tiny_folder, False, seed=5)
+    model = unsloth.load(tiny_folder, False, seed=5)
+    _copy_lora(twin, model)
+    fastgen.install(model, compile=False, reference_kernels=True)
+    inputs = _inputs(6)
+    gc = _trl_config(greedy=True)
+    want = _trl_generate(twin, inputs, gc, 0)
+    for _ in range(2):
+        assert torch.equal(want, _trl_generate(model, inputs, gc, 0))
+    assert "patched" in (fastgen.failure(model) or "") and "transformers' generate" in (fastgen.failure(model) or "")
+    assert capsys.readouterr().err.count("rlstack fastgen: falling back") == 1

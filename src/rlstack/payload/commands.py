@@ -105,7 +105,7 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
         if key in section:
             setattr(cfg, key, section[key])
     for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output",
-                "fastgen"):
+                "fastgen", "reference_kernels"):
         if flags.get(key) is not None:
             setattr(cfg, key, flags[key])
     return cfg
@@ -129,8 +129,11 @@ def eval_(
                                      "recipe loads it in 4-bit or FP8: the base vLLM's bf16 + LoRARequest runs, "
                                      "to compare two engines on one base")] = False,
     fastgen: Annotated[bool, Opt("hf backend: greedy decoding through rlstack's fastgen (static cache, LoRA merged, "
-                                 "CUDA graphs) instead of transformers' generate; same tokens, falls back once "
-                                 "on failure")] = False,
+                                 "fused CUDA-graph kernels) instead of transformers' generate; in bf16 a near-tie can "
+                                 "flip a greedy token (bench/results/fastgen_fidelity.md); falls back once on "
+                                 "failure")] = False,
+    reference_kernels: Annotated[bool, Opt("with --fastgen: transformers' own kernels (adapter unmerged) replayed "
+                                           "in a CUDA graph, for generate's tokens at graph speed")] = False,
     output: Output = None,
     json_: Annotated[bool, Opt("print the results as JSON", flag="--json")] = False,
 ) -> int:
@@ -141,7 +144,11 @@ def eval_(
 
     cfg = eval_config(recipe=recipe, adapter=adapter, model=model, backend=backend, n=n, data=data, split=split,
                       batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, load_in_4bit=load_in_4bit,
-                      unquantized=unquantized, fastgen=fastgen, output=output)
+                      unquantized=unquantized, fastgen=fastgen, reference_kernels=reference_kernels,
+                      output=output)
+    if cfg.reference_kernels and not cfg.fastgen:
+        raise RlstackError("--reference-kernels chooses fastgen's kernels and needs --fastgen",
+                           "add --fastgen, or drop --reference-kernels (transformers' generate is the default)")
     if cfg.fastgen and cfg.backend != "hf":
         raise RlstackError(f"--fastgen is for the hf backend, not {cfg.backend}",
                            "drop --fastgen (vLLM has its own fast decoding), or use --backend hf")

@@ -276,3 +276,27 @@ def test_split_k_projections_compile_into_the_graph_and_decode_as_generate() -> 
     ref2 = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
     got2 = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)
     assert not torch.equal(got, got2) and (ref2 == got2).float().mean().item() > 0.98
+
+
+def test_reference_kernels_replay_transformers_eager_step_in_a_graph_and_give_generates_tokens() -> None:
+    """reference_kernels on real weights in bf16: transformers' eager step captured into a CUDA graph. Its claim
+    is issue 14's fidelity target, which the fused paths miss on near-ties (68-81 % of positions): transformers'
+    static cache run eagerly agreed with its dynamic cache on 100 % of 1,024 positions on the H200, and a graph
+    replays the kernels it captured. Asked here: >= 95 % of positions, the step captured (no graph_error)."""
+    from rlstack.payload import prompt
+    from rlstack.payload.data import load_problems
+
+    model, tok = _embedded_model()
+    model.eval()
+    tok.padding_side = "left"
+    texts = [prompt.render(tok, p.question) for p in load_problems("generated-easy:8", split="test")]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
+    new = 48
+    args = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id)
+    ref = model.generate(**enc, **args)
+    got = fastgen.generate(model, enc["input_ids"], enc["attention_mask"], reference_kernels=True, **args)
+    engine = fastgen.get_engine(model)
+    assert engine.graph_error is None and [g for g in engine._graphs.values() if g is not None]
+    p = enc["input_ids"].shape[1]
+    assert (ref[:, p:] == got[:, p:]).float().mean().item() >= 0.95, engine.describe()

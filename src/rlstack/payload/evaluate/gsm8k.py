@@ -42,6 +42,8 @@ class EvalConfig:
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
     fastgen: bool = False  # hf backend: greedy decoding through rlstack's fastgen instead of transformers' generate
+    # with fastgen: transformers' own kernels in a CUDA graph (FastGenerator reference_kernels): generate's tokens
+    reference_kernels: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tiny: dict[str, Any] | None = None  # [model.tiny] of a recipe, for --model tiny without an adapter
     output: Path | None = None
@@ -134,13 +136,14 @@ def generate_batches(model: Any, tokenizer: Any, prompts: list[str], cfg: EvalCo
         list[str], list[int], float, str]:
     """The hf backend's decoding of rendered prompts: batches of cfg.batch_size in order, left padding, greedy,
     cfg.max_new_tokens, through fastgen when cfg.fastgen. Returns texts, new-token counts, seconds, and '' or
-    '+fastgen' (or '+fastgen-fell-back (why)') for the engine label. bench/eval_throughput.py times this."""
+    '+fastgen' ('+fastgen-reference' with its reference kernels; '+fastgen-fell-back (why)') for the engine label.
+    bench/eval_throughput.py times this."""
     import torch
 
     tokenizer.padding_side = "left"
     outputs: list[str] = []
     lengths: list[int] = []
-    fast = _FastEval(model, tokenizer, cfg.max_new_tokens) if cfg.fastgen else None
+    fast = _FastEval(model, tokenizer, cfg.max_new_tokens, cfg.reference_kernels) if cfg.fastgen else None
     # fastgen compiles and captures one decode step per (batch, cache length): with each batch padded to its own
     # longest prompt, and a short last batch, an eval of 300 questions met several shapes, each a recompile of
     # the 4B model (tens of seconds). So for fastgen every batch is left-padded to the longest prompt of the whole
@@ -178,7 +181,8 @@ def generate_batches(model: Any, tokenizer: Any, prompts: list[str], cfg: EvalCo
     gen_s = time.perf_counter() - t1
     how = ""
     if fast is not None:
-        how = "+fastgen" if fast.failed is None else f"+fastgen-fell-back ({fast.failed})"
+        how = ("+fastgen-reference" if cfg.reference_kernels else "+fastgen") if fast.failed is None \
+            else f"+fastgen-fell-back ({fast.failed})"
     return outputs, lengths, gen_s, how
 
 
@@ -186,12 +190,14 @@ class _FastEval:
     """Greedy eval batches through rlstack's fastgen (static KV cache, LoRA merged into a bf16 shadow, CUDA graphs
     on a GPU), with transformers' generate's own stopping rules: the model's generation_config (eos ids, pad),
     do_sample off, max_new_tokens. Any failure of the fast path is said once and the rest of the run, that batch
-    included, goes through transformers' generate (the training hook's rule)."""
+    included, goes through transformers' generate (the training hook's rule). ``reference_kernels``: the engine's
+    option of that name (transformers' own kernels, for generate's tokens), applied when the engine is created."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int) -> None:
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int, reference_kernels: bool = False) -> None:
         import copy
 
         self.model = model
+        self.options = {"reference_kernels": True} if reference_kernels else {}
         self.failed: str | None = None
         self.config = copy.deepcopy(model.generation_config)
         self.config.do_sample = False
@@ -206,7 +212,7 @@ class _FastEval:
 
         try:
             out = fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
-                                   generation_config=self.config)
+                                   generation_config=self.config, **self.options)
             say_how_once(self.model, "rlstack eval: fastgen")  # which path the generations took, as train says it
             return out
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails

@@ -24,6 +24,9 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
 * Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
+* ``reference_kernels`` trades the fused kernels for generate's own (the model's modules, eager, replayed in a
+  CUDA graph), for evaluations that must give generate's greedy tokens (``rlstack eval --fastgen
+  --reference-kernels``): fused bf16 kernels flip near-ties (see FastGenerator).
 * Nothing is allocated before a memory check: the shadow's and the cache's bytes (``plan_memory``) against free
   GPU memory, refusing with the numbers (``FastgenMemoryError``) when they do not fit with a margin.
 
@@ -739,6 +742,18 @@ class _Loop:
                    invalid=torch.zeros((batch,), dtype=torch.bool, device=device))
 
 
+def _refuse_kernel_changes(**options: Any) -> None:
+    """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
+    (given a value other than its default), rather than drop it in silence."""
+    defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
+                "decode_attention": ("matmul",), "skinny_gemm": (False,), "compile_pick": (False,)}
+    changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
+    if changed:
+        raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
+                           f"{', '.join(changed)} would change them",
+                           "drop those options, or reference_kernels for fastgen's faster kernels")
+
+
 class FastGenerator:
     """Generate completions for a (PEFT or plain) causal LM with a static KV cache and a compiled decode step.
 
@@ -773,6 +788,16 @@ class FastGenerator:
     * ``skinny_gemm=True`` (default off until measured on a GPU): the shadow's o_proj and down_proj run through
       a split-K Triton GEMM (``fastgen.skinny``) at decode (<= 16 rows); ``skinny_gemms`` says how many
       projections (0: the shadow owns none of them). CUDA (or Triton's CPU interpreter).
+    * ``reference_kernels=True`` (default off; measured on the CPU only): decode with transformers' own modules
+      and kernels, as its generate does over a static cache: the model itself (a PEFT model's LoRA modules
+      unmerged), no inductor, no fastgen attention, no fused projections; on CUDA the eager step is captured into
+      a CUDA graph and replayed, so what is left of fastgen is the static cache, the graph and the in-place pick.
+      Why: every fused bf16 engine measured (fastgen's default, transformers' own compiled static cache) agreed
+      with eager generate on 68-81 % of greedy positions on the H200, flipping near-ties; transformers' static
+      cache run eagerly agreed on 100 % (bench/notes.md). This is that path at graph speed, for evaluations that
+      must give generate's answers. It refuses the options that change the kernels (compile=True, attend_bucket,
+      decode_attention, skinny_gemm, compile_pick, graph="trees"), and models whose classes Unsloth patched (their
+      forward is not transformers' code).
     """
 
     def __init__(self, model: Any, *, compile: bool | None = None, merge_lora: bool = True,
@@ -780,14 +805,21 @@ class FastGenerator:
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul",
-                 compile_pick: bool = False, skinny_gemm: bool = False) -> None:
+                 compile_pick: bool = False, skinny_gemm: bool = False, reference_kernels: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
-        self.compile = (self.device.type == "cuda") if compile is None else compile
-        self.graph = graph if (self.compile and self.device.type == "cuda") else "none"
-        if self.graph not in ("manual", "trees", "none"):
+        if graph not in ("manual", "trees", "none"):
             raise FastgenError(f"fastgen: unknown graph mode {graph!r}", "use manual, trees or none")
+        self.reference_kernels = reference_kernels
+        if reference_kernels:
+            _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
+                                   decode_attention=decode_attention, skinny_gemm=skinny_gemm,
+                                   compile_pick=compile_pick)
+            compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
+        self.compile = (self.device.type == "cuda") if compile is None else compile
+        # the eager step is captured too where reference_kernels asks for transformers' kernels (see _capture)
+        self.graph = graph if ((self.compile or reference_kernels) and self.device.type == "cuda") else "none"
         self.compile_mode = compile_mode
         self.length_bucket = length_bucket
         self.peft = _is_peft(model)
@@ -802,7 +834,9 @@ class FastGenerator:
         if decode_attention not in DECODE_ATTENTION:
             raise FastgenError(f"fastgen: unknown decode_attention {decode_attention!r}",
                                f"use one of {', '.join(DECODE_ATTENTION)}")
-        own_attention = gqa_attention and (self.merge_lora or not self.peft)
+        # the merged shadow (a plain model's shares every tensor); reference_kernels decodes through the model
+        self.own_decoder = not reference_kernels and (self.merge_lora or not self.peft)
+        own_attention = gqa_attention and self.own_decoder
         for name, value, off in (("attend_bucket", attend_bucket, 0), ("decode_attention", decode_attention, "matmul")):
             if value != off and not own_attention:
                 raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
@@ -846,13 +880,14 @@ class FastGenerator:
         self._compiled_ok = False
         self._step: Any = None
         self._takes_cache_position = False
+        self.announced = False  # hook.say_how_once said how this engine serves
 
     def _build(self) -> None:
         """Build the decoder (the merged shadow, or the PEFT model's base) and the compiled step, once."""
         if self.decoder is not None:
             return
         model = self.model
-        if self.merge_lora or not self.peft:
+        if self.own_decoder:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
                                    fuse_projections=self.fuse_projections, skinny_gemm=self.skinny_gemm)
             self.patches = self._shadow.patches
@@ -860,12 +895,14 @@ class FastGenerator:
         else:
             import sys
 
-            root = model.get_base_model()
+            root = model.get_base_model() if self.peft else model
             module = sys.modules.get(type(root).__module__)
             patched = patched_members(module) if module is not None else []
             if patched:
                 raise FastgenError(f"fastgen: the model's classes are patched ({patched[0]}, ...): decoding through "
-                                   "them is not transformers' code", "use merge_lora=True (the default)")
+                                   "them is not transformers' code",
+                                   "use transformers' generate for its kernels" if self.reference_kernels
+                                   else "use merge_lora=True (the default)")
             self.decoder = root
         import inspect
 
@@ -891,9 +928,12 @@ class FastGenerator:
             shadow = f"{str(self.dtype).removeprefix('torch.')} shadow" + (", LoRA merged" if self.peft else "")
         else:
             shadow = "the model's own modules" if self.peft else "the model's weights"
+        if self.reference_kernels:
+            graph = "transformers' kernels" + (" in a CUDA graph" if self.graph == "manual" else ", eager")
+        else:
+            graph = f"graph {self.graph}" if self.compile else "eager (compile off)"
         parts = [shadow, f"fused projections ({self.fused_gemms_saved} GEMMs fewer a step)"
-                 if self.fused_gemms_saved else "projections apart",
-                 f"graph {self.graph}" if self.compile else "eager (compile off)"]
+                 if self.fused_gemms_saved else "projections apart", graph]
         if self.decode_attention != "matmul":
             parts.append(f"{self.decode_attention} decode attention")
         if self.skinny_gemm:
@@ -922,8 +962,8 @@ class FastGenerator:
 
     def plan(self, batch: int, length: int) -> MemoryPlan:
         """What serving ``batch`` sequences in a ``length``-token cache would allocate now (see MemoryPlan)."""
-        return plan_memory(self.model, batch, length, self.dtype, include_shadow=self.decoder is None,
-                           merge_lora=self.merge_lora or not self.peft)
+        return plan_memory(self.model, batch, length, self.dtype,
+                           include_shadow=self.decoder is None and self.own_decoder, merge_lora=self.own_decoder)
 
     def _reserve(self, batch: int, length: int) -> None:
         """Before anything new is allocated for this shape: the memory check (on CUDA), then the build."""
@@ -1032,7 +1072,7 @@ class FastGenerator:
                     (warm or body)()
             torch.cuda.current_stream().wait_stream(stream)
             restore()
-            if not self.compile:
+            if not (self.compile or self.reference_kernels):  # the warm-up's compile failed: nothing to capture
                 return None
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()

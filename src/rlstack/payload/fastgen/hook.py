@@ -34,7 +34,6 @@ from rlstack.payload.fastgen.engine import (
 
 _ORIGINAL_ATTR = "_rlstack_fastgen_original_generate"
 _FAILED_ATTR = "_rlstack_fastgen_failed"
-_ANNOUNCED_ATTR = "_rlstack_fastgen_announced"
 log = logging.getLogger(__name__)
 
 
@@ -83,7 +82,6 @@ def uninstall(model: Any) -> None:
     del model.__dict__[_ORIGINAL_ATTR]
     model.__dict__.pop(ENGINE_ATTR, None)
     model.__dict__.pop(_FAILED_ATTR, None)
-    model.__dict__.pop(_ANNOUNCED_ATTR, None)
 
 
 def _mark_failed(model: Any, exc: BaseException) -> None:
@@ -118,8 +116,10 @@ def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: d
 
 
 def say_how_once(model: Any, prefix: str) -> None:
-    """After a served call (the shadow, graph and fusion exist by then), print once per model, on stderr, how
-    fastgen generates (``FastGenerator.describe``): `rlstack train`'s hook and `rlstack eval --fastgen` both."""
-    if not vars(model).get(_ANNOUNCED_ATTR):
-        object.__setattr__(model, _ANNOUNCED_ATTR, True)
-        print(f"{prefix} generating with {get_engine(model).describe()}", file=sys.stderr, flush=True)
+    """After a served call (the shadow, graph and fusion exist by then), print once per engine, on stderr, how
+    fastgen generates (``FastGenerator.describe``): `rlstack train`'s hook and `rlstack eval --fastgen` both. Per
+    engine, not per model: an engine built again (after ``release``, with other options) serves another way."""
+    engine = get_engine(model)
+    if not engine.announced:  # kept on the engine: a reference on the model would keep a released engine alive
+        engine.announced = True
+        print(f"{prefix} generating with {engine.describe()}", file=sys.stderr, flush=True)
