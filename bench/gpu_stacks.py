@@ -171,12 +171,15 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     tag = (f"{a.stack}-{a.adapter}-{a.backend}" + ("-fastgen" if a.fastgen else "")
-           + ("-unquantized" if a.unquantized else "") + (f"-n{a.n}" if a.n != 32 else ""))
+           + ("-reference" if a.reference_kernels else "") + ("-unquantized" if a.unquantized else "")
+           + (f"-n{a.n}" if a.n != 32 else ""))
     out = EVALS / tag
     argv = ["eval", "--adapter", str(ADAPTERS / a.adapter), "--backend", a.backend, "-n", str(a.n), "--data",
             a.data, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
     if a.fastgen:
         argv.append("--fastgen")
+    if a.reference_kernels:
+        argv.append("--reference-kernels")
     if a.unquantized:
         argv.append("--unquantized")
     run = run_cli(argv, log_dir() / f"{tag}-eval.log", a.timeout)
@@ -475,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("-n", type=int, default=32)
     e.add_argument("--data", default=EVAL_DATA, help="e.g. generated:300 for issue 14's eval throughput at n=300")
     e.add_argument("--fastgen", action="store_true", help="rlstack eval --fastgen (hf backend)")
+    e.add_argument("--reference-kernels", action="store_true",
+                   help="rlstack eval --fastgen --reference-kernels (transformers' kernels in a CUDA graph)")
     e.add_argument("--unquantized", action="store_true",
                    help="rlstack eval --unquantized: the bf16 base vLLM's LoRARequest runs (hand-off like for like)")
     e.add_argument("--max-new-tokens", type=int, default=256)

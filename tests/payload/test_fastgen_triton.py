@@ -121,3 +121,71 @@ def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused()
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="flex")  # retired on 2026-12-04
     with pytest.raises(fastgen.FastgenError, match="decode_attention needs fastgen's own decode attention"):
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", gqa_attention=False)
+
+
+def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torch.compile makes of the decode step with both kernels (decode_attention="triton", skinny_gemm),
+    traced on the host as on an sm_90 GPU: dynamo takes each kernel call as a user-defined Triton kernel inside
+    one graph (fullgraph: no break around it), and functionalization, which reads the kernels' TTIR to find what
+    they write, clones only their outputs. A kernel it thought wrote its inputs would copy the KV cache (or a
+    weight) every step: on the 4B shape at 64 sequences, GBs a step, which only a GPU profile would show.
+    Tracing only: the backend stops before inductor (no GPU to compile or run for). On a CPU dynamo treats a
+    Triton kernel as plain Python unless torch reports triton usable, and Triton's TTIR needs a target: both
+    are supplied here, as an H200 would."""
+    pytest.importorskip("triton")
+    peft = pytest.importorskip("peft")
+    import torch._dynamo
+    import torch.utils._triton as torch_triton
+    from test_fastgen import _tiny
+    from torch._dynamo.backends.common import aot_autograd
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    from rlstack.payload.fastgen import split_attention
+
+    class _Hopper:
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> object:
+            return torch.device("cpu")
+
+    monkeypatch.setattr(torch_triton, "has_triton", lambda: True)
+    monkeypatch.setattr(split_attention, "available", lambda *args: None)
+    monkeypatch.setattr(driver, "_active", _Hopper())
+    model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton", skinny_gemm=True)
+    batch, length = 3, 128
+    engine._reserve(batch, length)
+    engine._shadow.refresh()
+    cache, mask = engine._cache(batch, length)
+    loop = engine._loop(batch, length)
+    graphs: list = []
+
+    class _Traced(Exception):
+        pass
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        raise _Traced
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), pytest.raises(Exception, match="_Traced"):
+            torch.compile(engine._decode, backend=aot_autograd(fw_compiler=keep), fullgraph=True,
+                          dynamic=False)(loop.tok, mask, loop.pos, cache, loop.slot, None)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1 and engine.skinny_gemms == 4  # o_proj and down_proj of both layers
+    import re
+
+    code = graphs[0].code
+    calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
+    clones = sorted({name.strip(" '") for call in calls for name in call.split(",")})
+    assert len(calls) == 2 + 4 and clones == ["lse_ptr", "o_ptr", "p_ptr"], calls
