@@ -134,10 +134,14 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
       weight_left_copy  the same and its transpose copied back to [batch, n] (what a drop-in Linear would pay)
       cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
                         preference is put back after)
-      split_k           fastgen.skinny's split-K Triton kernel (skinny_gemm), where batch <= its MAX_ROWS"""
+      split_k           fastgen.skinny's split-K Triton kernel (skinny_gemm), where batch <= its MAX_ROWS
+      fp8               fastgen.fp8.linear (fp8=True): the activation's scale and e4m3 copy, then torch._scaled_mm
+                        on the weight's e4m3 copy (eager kernels here; inductor fuses the first two in the step)
+      fp8_gemm          torch._scaled_mm alone, the activation quantized beforehand
+      (fp8 forms on GPUs of compute capability >= 8.9)"""
     import torch
 
-    from rlstack.payload.fastgen import skinny
+    from rlstack.payload.fastgen import fp8, skinny
 
     dev, dt = common.DEVICE, torch.bfloat16
     parts: dict[str, dict[str, Any]] = {}
@@ -173,6 +177,22 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
                         skinny.matmul(x, w[i])
 
                 timed["split_k"] = graph_ms(split_k)
+            if fp8.unavailable(torch.device(dev)) is None:
+                w8 = w.to(fp8.FP8)
+                scale = torch.ones((), device=dev)
+                xq, x_scale = fp8.quantize_activation(x)
+
+                def fp8_form(w8: Any = w8, x: Any = x, count: int = count, scale: Any = scale) -> None:
+                    for i in range(count):
+                        fp8.linear(x, w8[i], scale)
+
+                def fp8_gemm(w8: Any = w8, xq: Any = xq, count: int = count, scale: Any = scale,
+                             x_scale: Any = x_scale) -> None:
+                    for i in range(count):
+                        torch._scaled_mm(xq, w8[i].t(), scale_a=x_scale, scale_b=scale, out_dtype=dt)
+
+                timed["fp8"], timed["fp8_gemm"] = graph_ms(fp8_form), graph_ms(fp8_gemm)
+                del w8
             forms[name] = {k: round(v, 5) for k, v in timed.items()}
         del w, x, y, yt
     return parts, forms
@@ -180,18 +200,20 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
 
 def gemm_columns(parts: dict[str, dict[str, Any]], batch: int, bandwidth: float, fused: bool) -> dict[str, Any]:
     """A step's GEMM time as the engine runs it: q/k/v and gate/up as the fused shapes where the engine fused
-    them (fused_gemms_saved > 0), apart otherwise; each part's bandwidth_fraction (bytes moved = weights plus
-    activations) is set in `parts`. fusion_saving_ms: the separate shapes minus the fused ones, what fusing
+    them (fused_gemms_saved > 0), apart otherwise; each part's bandwidth_fraction (bytes moved = weights of the
+    part's ``weight_bytes`` an element, 2 unless an fp8 engine's set 1, plus bf16 activations) is set in
+    `parts`. fusion_saving_ms: the separate shapes minus the fused ones, what fusing
     saves (or saved) either way. Until 2026-12-04 the sum took the separate shapes for a fused engine too,
     which left its `rest` short by the saving (`--rederive` recomputes a stored run)."""
     for p in parts.values():
-        moved = p["per_step"] * (p["n"] * p["k"] + batch * (p["k"] + p["n"])) * 2
+        moved = p["per_step"] * (p["n"] * p["k"] * p.get("weight_bytes", 2) + batch * (p["k"] + p["n"]) * 2)
         p["bandwidth_fraction"] = round(moved / (p["ms"] / 1e3) / bandwidth, 3)
     separate = [name for name in parts if name not in FUSED_GROUPS]
     members = {m for group in FUSED_GROUPS.values() for m in group}
     step = [name for name in separate if not (fused and name in members)] + (list(FUSED_GROUPS) if fused else [])
     ms = sum(parts[name]["ms"] for name in step)
-    weights = sum(parts[name]["n"] * parts[name]["k"] * parts[name]["per_step"] * 2 for name in separate)
+    weights = sum(parts[name]["n"] * parts[name]["k"] * parts[name]["per_step"] * parts[name].get("weight_bytes", 2)
+                  for name in separate)
     saving = sum(sum(parts[m]["ms"] for m in group) - parts[f]["ms"] for f, group in FUSED_GROUPS.items())
     return {"gemm_ms": round(ms, 4), "gemm_bandwidth_fraction": round(weights / (ms / 1e3) / bandwidth, 3),
             "gemm_fused": fused, "fusion_saving_ms": round(saving, 4)}
@@ -460,6 +482,10 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         for name in skinny.TARGETS:
             if "split_k" in row["gemm_forms"].get(name, {}):
                 row["gemm_parts"][name]["ms"] = row["gemm_forms"][name]["split_k"]
+    if getattr(eng, "fp8", False):  # the engine's projections are fastgen.fp8's (lm_head stays bf16)
+        for name, forms in row["gemm_forms"].items():
+            if "fp8" in forms and name != "lm_head":
+                row["gemm_parts"][name].update(ms=forms["fp8"], weight_bytes=1)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         kind = eng.decode_attention

@@ -24,6 +24,9 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
 * Under Unsloth (the portable stack's default loader) the model classes are patched with Unsloth's kernels; the
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
+* ``fp8`` (off until measured on a GPU) computes the projections in FP8 (e4m3 weights and activations,
+  per-tensor scales, ``torch._scaled_mm``: vLLM's online FP8), half the weight bytes a step; the rollouts then
+  come from an FP8 approximation of the policy (``fastgen.fp8``).
 * ``reference_kernels`` trades the fused kernels for generate's own (the model's modules, eager, replayed in a
   CUDA graph), for evaluations that must give generate's greedy tokens (``rlstack eval --fastgen
   --reference-kernels``): fused bf16 kernels flip near-ties (see FastGenerator).
@@ -451,7 +454,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = True, skinny_gemm: bool = False) -> None:
+                 fuse_projections: bool = True, skinny_gemm: bool = False, fp8: bool = False) -> None:
         import copy
 
         import torch
@@ -548,6 +551,14 @@ class _Shadow:
             from rlstack.payload.fastgen import skinny
 
             self.skinny_gemms = skinny.install(shadow, owned)
+        # fastgen.fp8.Fp8Weight of every projection (fp8): of owned weights (re-quantized after each merge), and
+        # of weights shared with the trained model (frozen: quantized once, when built)
+        self._fp8: list[Any] = []
+        self.fp8_frozen: list[Any] = []
+        if fp8:
+            from rlstack.payload.fastgen import fp8 as fp8_module
+
+            self._fp8, self.fp8_frozen = fp8_module.install(shadow, owned)
         self.model = shadow
         self.refresh()
 
@@ -580,6 +591,8 @@ class _Shadow:
                         if getattr(layer, "use_dora", {}).get(adapter, False):
                             raise FastgenError("fastgen does not merge DoRA adapters", "use merge_lora=False")
                         buf.add_(layer.get_delta_weight(adapter).to(self.dtype))
+            for weight in self._fp8:  # the FP8 copies from the bf16 weights just merged
+                weight.quantize()
 
 
 def _dense_weight(base: Any) -> Any:
@@ -638,10 +651,11 @@ def _text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
-def shadow_bytes(model: Any, dtype: Any, merge_lora: bool = True) -> int:
+def shadow_bytes(model: Any, dtype: Any, merge_lora: bool = True, fp8: bool = False) -> int:
     """Bytes the shadow allocates for ``model`` (what it shares with the trained model costs nothing): a dense
-    ``dtype`` weight per LoRA'd projection and per quantized linear, and a cast copy of every other floating
-    tensor whose dtype differs from ``dtype`` (e.g. an fp32 embedding under PEFT's prepare_model_for_kbit_training)."""
+    ``dtype`` weight per LoRA'd projection and per quantized linear, a cast copy of every other floating tensor
+    whose dtype differs from ``dtype`` (e.g. an fp32 embedding under PEFT's prepare_model_for_kbit_training), and
+    with ``fp8`` one byte an element for the e4m3 copy of every linear but the output embedding (fastgen.fp8)."""
     import torch
 
     if not merge_lora and _is_peft(model):
@@ -666,11 +680,19 @@ def shadow_bytes(model: Any, dtype: Any, merge_lora: bool = True) -> int:
         seen.add(id(tensor))
         if tensor.is_floating_point() and tensor.dtype != dtype:
             total += tensor.numel() * itemsize
+    if fp8:
+        head = root.get_output_embeddings()
+        from rlstack.payload.fastgen.fp8 import fits
+
+        for name, mod in root.named_modules():  # a LoRA layer's base among them, its A and B not
+            if (isinstance(mod, torch.nn.Linear) and mod is not head and ".lora_" not in f".{name}"
+                    and fits(mod.out_features, mod.in_features)):
+                total += int(mod.out_features) * int(mod.in_features)
     return total
 
 
 def plan_memory(model: Any, batch: int, length: int, dtype: Any, *, include_shadow: bool = True,
-                merge_lora: bool = True) -> MemoryPlan:
+                merge_lora: bool = True, fp8: bool = False) -> MemoryPlan:
     """The MemoryPlan of serving ``batch`` sequences in a cache of ``length`` tokens (see MemoryPlan)."""
     import torch
 
@@ -682,7 +704,7 @@ def plan_memory(model: Any, batch: int, length: int, dtype: Any, *, include_shad
     itemsize = torch.empty((), dtype=dtype).element_size()
     kv = 2 * int(cfg.num_hidden_layers) * batch * kv_heads * head_dim * length * itemsize
     logits = batch * int(cfg.vocab_size) * 4 * 6  # fp32 logits, sorted copy, cumsum, softmax, masks
-    shadow = shadow_bytes(model, dtype, merge_lora) if include_shadow else 0
+    shadow = shadow_bytes(model, dtype, merge_lora, fp8) if include_shadow else 0
     return MemoryPlan(shadow=shadow, kv=kv, logits=logits, batch=batch, length=length)
 
 
@@ -746,7 +768,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
-                "decode_attention": ("matmul",), "skinny_gemm": (False,), "compile_pick": (False,)}
+                "decode_attention": ("matmul",), "skinny_gemm": (False,), "compile_pick": (False,), "fp8": (False,)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -788,6 +810,9 @@ class FastGenerator:
     * ``skinny_gemm=True`` (default off until measured on a GPU): the shadow's o_proj and down_proj run through
       a split-K Triton GEMM (``fastgen.skinny``) at decode (<= 16 rows); ``skinny_gemms`` says how many
       projections (0: the shadow owns none of them). CUDA (or Triton's CPU interpreter).
+    * ``fp8=True`` (default off until measured on a GPU): every projection but lm_head through its FP8 copy
+      (``fastgen.fp8``: e4m3, per-tensor scales, torch._scaled_mm; compute capability >= 8.9, or the CPU);
+      ``fp8_weights`` says how many copies. Needs the merged shadow; not with skinny_gemm.
     * ``reference_kernels=True`` (default off; measured on the CPU only): decode with transformers' own modules
       and kernels, as its generate does over a static cache: the model itself (a PEFT model's LoRA modules
       unmerged), no inductor, no fastgen attention, no fused projections; on CUDA the eager step is captured into
@@ -805,7 +830,8 @@ class FastGenerator:
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul",
-                 compile_pick: bool = False, skinny_gemm: bool = False, reference_kernels: bool = False) -> None:
+                 compile_pick: bool = False, skinny_gemm: bool = False, reference_kernels: bool = False,
+                 fp8: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -815,7 +841,7 @@ class FastGenerator:
         if reference_kernels:
             _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
                                    decode_attention=decode_attention, skinny_gemm=skinny_gemm,
-                                   compile_pick=compile_pick)
+                                   compile_pick=compile_pick, fp8=fp8)
             compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
         self.compile = (self.device.type == "cuda") if compile is None else compile
         # the eager step is captured too where reference_kernels asks for transformers' kernels (see _capture)
@@ -849,6 +875,19 @@ class FastGenerator:
                 raise FastgenError(f"fastgen: {why}", f"use {name}={off!r} (the default) here")
         if skinny_gemm and self.peft and not self.merge_lora:
             raise FastgenError("fastgen: skinny_gemm needs the merged shadow", "keep merge_lora=True (the default)")
+        if fp8:
+            from rlstack.payload.fastgen import fp8 as fp8_module
+
+            why = fp8_module.unavailable(self.device)
+            if why is not None:
+                raise FastgenError(f"fastgen: {why}", "use fp8=False (the default) here")
+            if not self.own_decoder:
+                raise FastgenError("fastgen: fp8 needs the merged shadow (its weights are what it quantizes)",
+                                   "keep merge_lora=True (the default)")
+            if skinny_gemm:
+                raise FastgenError("fastgen: fp8 and skinny_gemm both replace o_proj and down_proj",
+                                   "choose one of them")
+        self.fp8 = fp8
         if decode_attention == "triton":
             split_attention.kernel()  # built here, not inside the compiled step (see kernel)
         self.skinny_gemm = skinny_gemm
@@ -889,7 +928,8 @@ class FastGenerator:
         model = self.model
         if self.own_decoder:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
-                                   fuse_projections=self.fuse_projections, skinny_gemm=self.skinny_gemm)
+                                   fuse_projections=self.fuse_projections, skinny_gemm=self.skinny_gemm,
+                                   fp8=self.fp8)
             self.patches = self._shadow.patches
             self.decoder = self._shadow.model
         else:
@@ -938,6 +978,8 @@ class FastGenerator:
             parts.append(f"{self.decode_attention} decode attention")
         if self.skinny_gemm:
             parts.append(f"split-K GEMMs for {self.skinny_gemms} projections")
+        if self.fp8:
+            parts.append(f"FP8 projections ({self.fp8_weights} e4m3 weights, per-tensor scales)")
         if self.attend_bucket:
             parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
@@ -949,6 +991,11 @@ class FastGenerator:
         if self.patches:
             parts.append(f"pristine copy of {len(self.patches)} patched members")
         return ", ".join(parts)
+
+    @property
+    def fp8_weights(self) -> int:
+        """FP8 copies the shadow computes through (fp8; a fused group's is one; 0 before the shadow is built)."""
+        return len(self._shadow._fp8) + len(self._shadow.fp8_frozen) if self._shadow is not None else 0
 
     @property
     def skinny_gemms(self) -> int:
@@ -963,7 +1010,8 @@ class FastGenerator:
     def plan(self, batch: int, length: int) -> MemoryPlan:
         """What serving ``batch`` sequences in a ``length``-token cache would allocate now (see MemoryPlan)."""
         return plan_memory(self.model, batch, length, self.dtype,
-                           include_shadow=self.decoder is None and self.own_decoder, merge_lora=self.own_decoder)
+                           include_shadow=self.decoder is None and self.own_decoder, merge_lora=self.own_decoder,
+                           fp8=self.fp8)
 
     def _reserve(self, batch: int, length: int) -> None:
         """Before anything new is allocated for this shape: the memory check (on CUDA), then the build."""

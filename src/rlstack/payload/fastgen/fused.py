@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from rlstack.payload.fastgen import fp8 as _fp8
+
 # sibling projections that read one input in transformers' Llama-family layers (Llama, Mistral, Qwen2/3, Gemma)
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -94,12 +96,13 @@ class FusedLinear(torch.nn.Module):
         self.slot = slot
         self.first = first
         self.last = last
+        self.fp8: Any = None  # the group's fastgen.fp8.Fp8Weight, on every member, where fp8=True
 
     def forward(self, x: Any) -> Any:
         stop = self.start + self.out_features
         slot = self.slot
         if self.first:
-            y = torch.nn.functional.linear(x, self.fused_weight)
+            y = self.fp8(x) if self.fp8 is not None else torch.nn.functional.linear(x, self.fused_weight)
             slot.x, slot.y = x, y
             return y[..., self.start:stop]
         if slot.x is x:
@@ -107,6 +110,8 @@ class FusedLinear(torch.nn.Module):
             if self.last:
                 slot.x = slot.y = None
             return out
+        if self.fp8 is not None:  # this member's rows of the group's FP8 copy, at the group's scale
+            return _fp8.linear(x, self.fp8.w8[self.start:stop], self.fp8.scale)
         return torch.nn.functional.linear(x, self.weight)
 
     def extra_repr(self) -> str:

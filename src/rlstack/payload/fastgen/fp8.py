@@ -1,0 +1,155 @@
+"""FP8 projections in fastgen's shadow (``FastGenerator(fp8=True)``): rollouts in FP8 without vLLM.
+
+Why: a decode step reads every weight once, so its GEMMs are bound by the memory bandwidth (2.73 of 4.16 ms a
+step at 8 sequences on the H200, Qwen3-4B shape, bench/results/fastgen_profile.md), and FP8 weights are half
+the bytes of bf16 ones. vLLM serves the same model this way (``quantization="fp8"``: 2,518 against 2,045 tok/s
+in bf16 at 8 sequences, bench/results/rollout_peers.md); Unsloth's FP8 RL reaches it only through vLLM, and on
+Blackwell through flashinfer kernels that need a CUDA 12.9 toolkit (the report in shared/background). This is
+torch's own ``_scaled_mm`` (cuBLASLt): no toolkit, no vLLM.
+
+What, as vLLM's online FP8: every projection the shadow owns (merged LoRA or dequantized 4-bit bases) holds an
+e4m3 copy of its weight with one float32 scale (the tensor's absolute maximum over 448, e4m3's largest value);
+a fused group (fastgen.fused) shares one scale for its buffer, as vLLM's fused q/k/v does. Activations are
+quantized per call with a scale of their own (dynamic, per tensor), computed on the device: no host sync, so
+the step still captures into one CUDA graph. Off CUDA the product is computed from the dequantized e4m3 values
+in float32 (the same numbers; oneDNN's ``_scaled_mm`` has no fast path on a CPU without FP8 units: 290 ms for
+one 16 x 576 x 960 product, 7 ms for bf16 at 100 times the rows, so the CPU benches could not run it); a test
+pins that the two agree, with per-tensor scales because those are what ``_scaled_mm`` takes on the CPU.
+
+What it changes: the rollouts are sampled from an FP8 approximation of the policy, not from the policy.
+GRPO's loss takes its log-probs from the training model, so the difference shows as off-policy rollouts by the
+per-token KL that bench/fastgen_fidelity.py measures (``--engine-option fp8=true``). Off by default.
+
+The shadow keeps its bf16 weights (the merge's target) and refreshes the FP8 copies from them after every
+merge, in place, so captured graphs stay valid; the copies cost half the owned weights' bytes on top.
+torch is imported at module level: this module is imported only when a shadow is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3fn's largest finite value
+TINY = 1e-12  # the floor of a scale: an all-zero tensor (a zero-initialised LoRA B) quantizes to zeros
+MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89), Hopper (sm_90), Blackwell (sm_100, sm_120)
+ALIGN = 16  # _scaled_mm on CUDA takes inner and output sizes divisible by 16 (torch's own check)
+
+
+def fits(out_features: int, in_features: int) -> bool:
+    """Whether a weight [out, in] can go through _scaled_mm (a projection that cannot stays in bf16)."""
+    return out_features % ALIGN == 0 and in_features % ALIGN == 0
+
+
+def unavailable(device: Any) -> str | None:
+    """None where FP8 projections can run on ``device``, else why not (FastGenerator refuses fp8=True with it)."""
+    if device.type == "cpu":
+        return None  # the dequantized product (see linear): what the CPU tests and benches run
+    if device.type != "cuda":
+        return f"fp8=True runs on CUDA (compute capability >= 8.9) or the CPU, not {device.type}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        return (f"fp8=True needs FP8 tensor cores (compute capability >= 8.9); this GPU is "
+                f"{capability[0]}.{capability[1]}")
+    return None
+
+
+class Fp8Weight(torch.nn.Module):
+    """The e4m3 copy of one bf16 weight [N, K] and its scale, refreshed in place from it (``quantize``)."""
+
+    w8: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.source = source  # the shadow's bf16 tensor (a buffer the merge writes), not a copy
+        self.register_buffer("w8", torch.empty(source.shape, dtype=FP8, device=source.device), persistent=False)
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=source.device), persistent=False)
+        self.quantize()
+
+    @torch.no_grad()
+    def quantize(self) -> None:
+        """Scale and e4m3 values from the source's current contents (after each merge)."""
+        src = self.source.float()
+        self.scale.copy_(src.abs().amax().clamp_min(TINY) / FP8_MAX)
+        self.w8.copy_((src / self.scale).to(FP8))
+
+    def dequantized(self) -> Any:
+        """The weight the FP8 GEMM multiplies by, in float32 (for tests and error measurements)."""
+        return self.w8.float() * self.scale
+
+    def forward(self, x: Any) -> Any:
+        return linear(x, self.w8, self.scale)
+
+
+def quantize_activation(x2: Any) -> tuple[Any, Any]:
+    """(e4m3 values, float32 scale) of a [M, K] activation, the scale from its absolute maximum."""
+    scale = x2.abs().amax().float().clamp_min(TINY) / FP8_MAX
+    return (x2.float() / scale).to(FP8), scale
+
+
+def linear(x: Any, w8: Any, scale: Any) -> Any:
+    """``x @ W.T`` for x [..., K] in bf16 / fp16 / fp32, in x's dtype: x quantized per call, W given as its e4m3
+    values [N, K] and scale; through torch._scaled_mm on CUDA, from the dequantized values elsewhere (see the
+    module docstring)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    xq, x_scale = quantize_activation(x2)
+    if x.device.type == "cuda":
+        out = torch._scaled_mm(xq, w8.t(), scale_a=x_scale, scale_b=scale, out_dtype=x.dtype)
+    else:
+        out = ((xq.float() * x_scale) @ (w8.float() * scale).t()).to(x.dtype)
+    return out.reshape(*x.shape[:-1], w8.shape[0])
+
+
+class Fp8Linear(torch.nn.Module):
+    """An ``nn.Linear`` of the shadow computing through its weight's FP8 copy (``weight`` and ``bias`` stay the
+    shadow's parameters, so named_parameters() and the merge are what they were; the bias is added in the
+    activation's dtype, as vLLM's FP8 layers do)."""
+
+    def __init__(self, linear_module: Any) -> None:
+        super().__init__()
+        self.in_features = linear_module.in_features
+        self.out_features = linear_module.out_features
+        self.weight = linear_module.weight
+        self.bias = linear_module.bias
+        self.fp8 = Fp8Weight(linear_module.weight)
+
+    def forward(self, x: Any) -> Any:
+        out = self.fp8(x)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-tensor scales"
+
+
+def install(model: Any, owned: Any) -> tuple[list[Fp8Weight], list[Fp8Weight]]:
+    """FP8 in place of every projection of ``model`` (the shadow, fused groups installed already), the output
+    embedding (lm_head) excepted, as vLLM leaves it, and any whose sizes _scaled_mm cannot take (``fits``): a
+    fused group's members compute through its buffer's FP8
+    copy; any other ``nn.Linear`` becomes an Fp8Linear. Returns (copies of weights the shadow owns, which the
+    merge rewrites: re-quantized after every refresh; copies of weights shared with the trained model, frozen:
+    quantized once)."""
+    from rlstack.payload.fastgen.fused import FusedLinear
+
+    merged: list[Fp8Weight] = []
+    frozen: list[Fp8Weight] = []
+    groups: dict[int, Fp8Weight] = {}  # id of a fused group's shared slot -> its buffer's FP8 copy
+    for mod in model.modules():
+        if isinstance(mod, FusedLinear) and mod.first and fits(*mod.fused_weight.shape):  # owned weights only
+            groups[id(mod.slot)] = Fp8Weight(mod.fused_weight)
+            merged.append(groups[id(mod.slot)])
+    head = model.get_output_embeddings()
+    for parent_name, parent in list(model.named_modules()):
+        for name, mod in list(parent.named_children()):
+            full = f"{parent_name}.{name}" if parent_name else name
+            if isinstance(mod, FusedLinear):
+                # every member holds the group's copy: one called off the group's pattern takes its rows of it
+                mod.fp8 = groups.get(id(mod.slot))
+            elif type(mod) is torch.nn.Linear and mod is not head and fits(mod.out_features, mod.in_features):
+                replacement = Fp8Linear(mod)
+                setattr(parent, name, replacement)
+                (merged if owned(full) else frozen).append(replacement.fp8)
+    return merged, frozen

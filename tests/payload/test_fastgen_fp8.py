@@ -1,0 +1,180 @@
+"""fastgen's FP8 projections (FastGenerator(fp8=True), fastgen.fp8): the GEMM is the e4m3 math it claims, the
+engine computes exactly a model whose projections do that math (so the plumbing adds nothing of its own), the
+copies follow LoRA updates, the memory plan counts them, and the refusals say why."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from test_fastgen import _adapter_step, _new_bytes, _prompts, _tiny  # noqa: E402
+
+from rlstack.payload import fastgen  # noqa: E402
+from rlstack.payload.fastgen import fp8  # noqa: E402
+
+
+def _quantized(weight, scale):
+    return (weight.float() / scale).to(fp8.FP8)
+
+
+def test_the_gemm_is_the_e4m3_product_and_close_to_the_full_precision_one() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, 64, generator=g)
+    w = torch.randn(48, 64, generator=g) * 0.05
+    weight = fp8.Fp8Weight(w)
+    out = weight(x)
+    assert out.shape == (5, 7, 48) and out.dtype == x.dtype
+    xq, sx = fp8.quantize_activation(x.reshape(-1, 64))
+    exact = (xq.double() * sx.double()) @ (weight.w8.double() * weight.scale.double()).T
+    torch.testing.assert_close(out.reshape(-1, 48).double(), exact, rtol=1e-5, atol=1e-6)
+    assert float(weight.scale) == pytest.approx(float(w.abs().max()) / 448)
+    full = x @ w.T
+    assert float((out - full).norm() / full.norm()) < 0.05  # e4m3: 3 mantissa bits a value, errors average out
+
+
+def test_the_cpus_dequantized_product_is_what_scaled_mm_computes() -> None:
+    """Off CUDA fp8.linear multiplies the dequantized e4m3 values (oneDNN's _scaled_mm is ~40,000 times slower
+    than bf16 here); on CUDA it calls torch._scaled_mm. Both are the same product: pinned against the CPU's own
+    _scaled_mm with the same per-tensor scales."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 32, generator=g)
+    weight = fp8.Fp8Weight(torch.randn(16, 32, generator=g))
+    xq, sx = fp8.quantize_activation(x)
+    scaled = torch._scaled_mm(xq, weight.w8.t(), scale_a=sx, scale_b=weight.scale, out_dtype=torch.float32)
+    torch.testing.assert_close(weight(x), scaled, rtol=1e-5, atol=1e-5)
+
+
+def test_an_all_zero_weight_quantizes_to_zeros_not_nans() -> None:
+    weight = fp8.Fp8Weight(torch.zeros(16, 32))
+    assert torch.equal(weight(torch.randn(2, 32)), torch.zeros(2, 16))
+
+
+class _Emulated(torch.nn.Module):
+    """The reference: one projection computing fp8.linear on its weight quantized at a given scale."""
+
+    def __init__(self, linear, scale) -> None:
+        super().__init__()
+        self.w8, self.scale, self.bias = _quantized(linear.weight, scale), scale, linear.bias
+
+    def forward(self, x):
+        out = fp8.linear(x, self.w8, self.scale)
+        return out if self.bias is None else out + self.bias
+
+
+def _emulate(model, fused: bool):
+    """``model`` (plain, float32) with every projection computing through e4m3 at the scale fastgen.fp8 uses:
+    the tensor's own, or with ``fused`` its group's (q+k+v, gate+up) largest value. lm_head stays as it is."""
+    for layer in model.model.layers:
+        for parent, groups in ((layer.self_attn, [("q_proj", "k_proj", "v_proj"), ("o_proj",)]),
+                               (layer.mlp, [("gate_proj", "up_proj"), ("down_proj",)])):
+            for group in groups if fused else [(n,) for g in groups for n in g]:
+                mods = [getattr(parent, n) for n in group]
+                scale = torch.stack([m.weight.abs().max() for m in mods]).max().float() / fp8.FP8_MAX
+                for name, mod in zip(group, mods, strict=True):
+                    setattr(parent, name, _Emulated(mod, scale))
+    return model
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_plain_model_decodes_as_one_whose_projections_compute_in_e4m3(do_sample: bool) -> None:
+    """No adapter: the shadow shares the weights (nothing fused), each projection has its own FP8 copy."""
+    model = _tiny(21)
+    ids, mask = _prompts(21)
+    kw = {"do_sample": do_sample, "top_k": 20, "pad_token_id": 0}
+    torch.manual_seed(3)
+    got = fastgen.generate(model, ids, mask, 12, compile=False, fp8=True, **kw)
+    engine = fastgen.get_engine(model)
+    assert engine.fp8_weights == 2 * 7 and engine.fused_gemms_saved == 0
+    emulated = _emulate(_tiny(21), fused=False)  # built first: _tiny seeds torch's generator
+    torch.manual_seed(3)
+    ref = emulated.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **kw)
+    assert torch.equal(ref, got)
+
+
+def test_a_lora_model_decodes_as_its_merge_in_e4m3_and_follows_adapter_updates() -> None:
+    """With an adapter the shadow owns merged weights, fused into groups with one scale each (as vLLM's fused
+    q/k/v); after an optimizer step the FP8 copies are quantized again from the new merge."""
+    model = peft.get_peft_model(_tiny(22), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(22)
+    for step in range(2):
+        got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False, fp8=True)
+        merged = peft.get_peft_model(_tiny(22), peft.LoraConfig(r=4, target_modules="all-linear",
+                                                                init_lora_weights=False))
+        merged.load_state_dict(model.state_dict())
+        ref = _emulate(merged.merge_and_unload().eval(), fused=True)
+        want = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert torch.equal(want, got), step
+        engine = fastgen.get_engine(model)
+        assert engine.fp8_weights == 2 * 4 and engine.fused_gemms_saved == 2 * 3
+        if step == 0:
+            first = got
+            _adapter_step(model)
+    assert not torch.equal(first, got)  # the update reached the FP8 copies
+
+
+def test_the_memory_plan_counts_the_fp8_copies(monkeypatch) -> None:
+    from test_fastgen import _fake_gpu
+
+    model = peft.get_peft_model(_tiny(23), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _prompts(23)
+    _fake_gpu(monkeypatch, free=64 * 2**30)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8=True)
+    engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
+    shadow, _kv = _new_bytes(model, engine)
+    copies = {b.data_ptr(): b.numel() for n, b in engine.decoder.named_buffers() if n.endswith(".w8")}
+    assert engine.last_plan is not None and engine.last_plan.shadow == shadow + sum(copies.values())
+    assert len(copies) == engine.fp8_weights
+
+
+def test_fp8_is_refused_where_it_cannot_serve(monkeypatch) -> None:
+    lora = peft.get_peft_model(_tiny(24), peft.LoraConfig(r=4, target_modules="all-linear"))
+    with pytest.raises(fastgen.FastgenError, match="fp8 needs the merged shadow"):
+        fastgen.FastGenerator(lora, merge_lora=False, fp8=True)
+    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*fp8=True"):
+        fastgen.FastGenerator(lora, reference_kernels=True, fp8=True)
+    fake_cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert "capability >= 8.9" in (fp8.unavailable(fake_cuda) or "") and "8.6" in (fp8.unavailable(fake_cuda) or "")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert fp8.unavailable(fake_cuda) is None and fp8.unavailable(torch.device("cpu")) is None
+
+
+def test_the_compiled_fp8_step_gives_the_eager_fp8_steps_tokens(monkeypatch) -> None:
+    """The FP8 step through dynamo and AOT autograd (the stand-in for inductor here): the FP8 modules trace (no
+    compile_error, so no silent eager fallback) and give the eager engine's exact tokens."""
+    from test_fastgen import _compile_with
+
+    model = peft.get_peft_model(_tiny(25), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(25)
+    want = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False, fp8=True)
+    fastgen.release(model)
+    _compile_with(monkeypatch, "aot_eager")
+    got = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=True, fp8=True)
+    engine = fastgen.get_engine(model)
+    assert engine.compile and engine.compile_error is None and engine._compiled_ok
+    assert torch.equal(want, got)
+
+
+def test_projections_whose_sizes_scaled_mm_cannot_take_stay_in_bf16(monkeypatch) -> None:
+    """_scaled_mm takes inner and output sizes divisible by 16 on CUDA: an MLP of 72 columns keeps its bf16
+    GEMMs (and the memory plan does not count copies that are never made), the attention goes through FP8."""
+    from test_fastgen import _fake_gpu
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    ids, mask = _prompts(26)
+    _fake_gpu(monkeypatch, free=64 * 2**30)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8=True)
+    engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
+    mlp = engine.decoder.model.layers[0].mlp
+    assert type(mlp.down_proj) is torch.nn.Linear and engine.fp8_weights == 2 * 4
+    shadow, _kv = _new_bytes(model, engine)
+    copies = sum(b.numel() for n, b in engine.decoder.named_buffers() if n.endswith(".w8"))
+    assert engine.last_plan is not None and engine.last_plan.shadow == shadow + copies
