@@ -135,9 +135,10 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
       cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
                         preference is put back after)
       split_k           fastgen.skinny's split-K Triton kernel (skinny_gemm), where batch <= its MAX_ROWS
-      fp8               fastgen.fp8.linear (fp8=True): the activation's scale and e4m3 copy, then torch._scaled_mm
-                        on the weight's e4m3 copy (eager kernels here; inductor fuses the first two in the step)
-      fp8_gemm          torch._scaled_mm alone, the activation quantized beforehand
+      fp8_row, fp8_tensor  fastgen.fp8.linear (fp8="row" / "tensor"): the activation's scales and e4m3 copy,
+                        then torch._scaled_mm on the weight's e4m3 copy (eager kernels here; inductor fuses the
+                        first two in the step)
+      fp8_gemm_row, fp8_gemm_tensor  torch._scaled_mm alone, the activation quantized beforehand
       (fp8 forms on GPUs of compute capability >= 8.9)"""
     import torch
 
@@ -179,19 +180,21 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
                 timed["split_k"] = graph_ms(split_k)
             if fp8.unavailable(torch.device(dev)) is None:
                 w8 = w.to(fp8.FP8)
-                scale = torch.ones((), device=dev)
-                xq, x_scale = fp8.quantize_activation(x)
+                for kind, scale in (("row", torch.ones(n_out, device=dev)), ("tensor", torch.ones((), device=dev))):
+                    xq, x_scale = fp8.quantize_activation(x, kind == "row")
+                    b_scale = scale[None, :] if kind == "row" else scale
+                    out_dt = torch.bfloat16 if kind == "row" else dt
 
-                def fp8_form(w8: Any = w8, x: Any = x, count: int = count, scale: Any = scale) -> None:
-                    for i in range(count):
-                        fp8.linear(x, w8[i], scale)
+                    def fp8_form(w8: Any = w8, x: Any = x, count: int = count, scale: Any = scale) -> None:
+                        for i in range(count):
+                            fp8.linear(x, w8[i], scale)
 
-                def fp8_gemm(w8: Any = w8, xq: Any = xq, count: int = count, scale: Any = scale,
-                             x_scale: Any = x_scale) -> None:
-                    for i in range(count):
-                        torch._scaled_mm(xq, w8[i].t(), scale_a=x_scale, scale_b=scale, out_dtype=dt)
+                    def fp8_gemm(w8: Any = w8, xq: Any = xq, count: int = count, b_scale: Any = b_scale,
+                                 x_scale: Any = x_scale, out_dt: Any = out_dt) -> None:
+                        for i in range(count):
+                            torch._scaled_mm(xq, w8[i].t(), scale_a=x_scale, scale_b=b_scale, out_dtype=out_dt)
 
-                timed["fp8"], timed["fp8_gemm"] = graph_ms(fp8_form), graph_ms(fp8_gemm)
+                    timed[f"fp8_{kind}"], timed[f"fp8_gemm_{kind}"] = graph_ms(fp8_form), graph_ms(fp8_gemm)
                 del w8
             forms[name] = {k: round(v, 5) for k, v in timed.items()}
         del w, x, y, yt
@@ -482,10 +485,11 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
         for name in skinny.TARGETS:
             if "split_k" in row["gemm_forms"].get(name, {}):
                 row["gemm_parts"][name]["ms"] = row["gemm_forms"][name]["split_k"]
-    if getattr(eng, "fp8", False):  # the engine's projections are fastgen.fp8's (lm_head stays bf16)
+    if getattr(eng, "fp8", "off") != "off":  # the engine's projections are fastgen.fp8's (lm_head stays bf16)
+        form = f"fp8_{eng.fp8}"
         for name, forms in row["gemm_forms"].items():
-            if "fp8" in forms and name != "lm_head":
-                row["gemm_parts"][name].update(ms=forms["fp8"], weight_bytes=1)
+            if form in forms and name != "lm_head":
+                row["gemm_parts"][name].update(ms=forms[form], weight_bytes=1)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
     if cache_len:
         kind = eng.decode_attention

@@ -1,6 +1,6 @@
-"""fastgen's FP8 projections (FastGenerator(fp8=True), fastgen.fp8): the GEMM is the e4m3 math it claims, the
-engine computes exactly a model whose projections do that math (so the plumbing adds nothing of its own), the
-copies follow LoRA updates, the memory plan counts them, and the refusals say why."""
+"""fastgen's FP8 projections (FastGenerator(fp8="row" | "tensor"), fastgen.fp8): the GEMM is the e4m3 math it
+claims, the engine computes exactly a model whose projections do that math (so the plumbing adds nothing of
+its own), the copies follow LoRA updates, the memory plan counts them, and the refusals say why."""
 
 from __future__ import annotations
 
@@ -16,23 +16,35 @@ from rlstack.payload import fastgen  # noqa: E402
 from rlstack.payload.fastgen import fp8  # noqa: E402
 
 
-def _quantized(weight, scale):
-    return (weight.float() / scale).to(fp8.FP8)
-
-
-def test_the_gemm_is_the_e4m3_product_and_close_to_the_full_precision_one() -> None:
+@pytest.mark.parametrize("rowwise", [True, False], ids=["row", "tensor"])
+def test_the_gemm_is_the_e4m3_product_and_close_to_the_full_precision_one(rowwise: bool) -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 7, 64, generator=g)
     w = torch.randn(48, 64, generator=g) * 0.05
-    weight = fp8.Fp8Weight(w)
+    weight = fp8.Fp8Weight(w, rowwise)
     out = weight(x)
     assert out.shape == (5, 7, 48) and out.dtype == x.dtype
-    xq, sx = fp8.quantize_activation(x.reshape(-1, 64))
-    exact = (xq.double() * sx.double()) @ (weight.w8.double() * weight.scale.double()).T
+    xq, sx = fp8.quantize_activation(x.reshape(-1, 64), rowwise)
+    assert sx.shape == ((35, 1) if rowwise else ())
+    exact = (xq.double() * sx.double()) @ weight.dequantized().double().T
     torch.testing.assert_close(out.reshape(-1, 48).double(), exact, rtol=1e-5, atol=1e-6)
-    assert float(weight.scale) == pytest.approx(float(w.abs().max()) / 448)
+    want = w.abs().amax(1) / 448 if rowwise else w.abs().max() / 448
+    torch.testing.assert_close(weight.scale, want)
     full = x @ w.T
     assert float((out - full).norm() / full.norm()) < 0.05  # e4m3: 3 mantissa bits a value, errors average out
+
+
+def test_row_scales_keep_an_outlier_from_blurring_the_other_rows() -> None:
+    """Why "row" exists: one token with a large activation sets a per-tensor scale that leaves the others few
+    e4m3 steps; per-token scales keep each row's own precision."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 64, generator=g)
+    x[3] *= 1e5  # the others then fall to e4m3's subnormals (17 binades below its largest value) or to 0
+    w = torch.randn(32, 64, generator=g)
+    full = x @ w.T
+    errors = {rowwise: float(((fp8.Fp8Weight(w, rowwise)(x) - full)[[0, 1, 2, 4, 5, 6, 7]]).norm()
+                             / full[[0, 1, 2, 4, 5, 6, 7]].norm()) for rowwise in (True, False)}
+    assert errors[True] < 0.05 < errors[False]
 
 
 def test_the_cpus_dequantized_product_is_what_scaled_mm_computes() -> None:
@@ -41,8 +53,8 @@ def test_the_cpus_dequantized_product_is_what_scaled_mm_computes() -> None:
     _scaled_mm with the same per-tensor scales."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 32, generator=g)
-    weight = fp8.Fp8Weight(torch.randn(16, 32, generator=g))
-    xq, sx = fp8.quantize_activation(x)
+    weight = fp8.Fp8Weight(torch.randn(16, 32, generator=g), rowwise=False)
+    xq, sx = fp8.quantize_activation(x, rowwise=False)
     scaled = torch._scaled_mm(xq, weight.w8.t(), scale_a=sx, scale_b=weight.scale, out_dtype=torch.float32)
     torch.testing.assert_close(weight(x), scaled, rtol=1e-5, atol=1e-5)
 
@@ -53,59 +65,69 @@ def test_an_all_zero_weight_quantizes_to_zeros_not_nans() -> None:
 
 
 class _Emulated(torch.nn.Module):
-    """The reference: one projection computing fp8.linear on its weight quantized at a given scale."""
+    """The reference: one projection computing fp8.linear on its weight quantized at given scales ([N]: row-wise,
+    []: per tensor), written out here rather than taken from fastgen.fp8."""
 
     def __init__(self, linear, scale) -> None:
         super().__init__()
-        self.w8, self.scale, self.bias = _quantized(linear.weight, scale), scale, linear.bias
+        w = linear.weight.float()
+        self.w8 = (w / (scale[:, None] if scale.dim() else scale)).to(fp8.FP8)
+        self.scale, self.bias = scale, linear.bias
 
     def forward(self, x):
         out = fp8.linear(x, self.w8, self.scale)
         return out if self.bias is None else out + self.bias
 
 
-def _emulate(model, fused: bool):
-    """``model`` (plain, float32) with every projection computing through e4m3 at the scale fastgen.fp8 uses:
-    the tensor's own, or with ``fused`` its group's (q+k+v, gate+up) largest value. lm_head stays as it is."""
+def _emulate(model, scales: str, fused: bool):
+    """``model`` (plain, float32) with every projection computing through e4m3 at the scales fastgen.fp8 uses:
+    "row", each output channel's; "tensor", the tensor's own, or with ``fused`` its group's (q+k+v, gate+up)
+    largest value. lm_head stays as it is."""
     for layer in model.model.layers:
         for parent, groups in ((layer.self_attn, [("q_proj", "k_proj", "v_proj"), ("o_proj",)]),
                                (layer.mlp, [("gate_proj", "up_proj"), ("down_proj",)])):
-            for group in groups if fused else [(n,) for g in groups for n in g]:
+            for group in groups if fused and scales == "tensor" else [(n,) for g in groups for n in g]:
                 mods = [getattr(parent, n) for n in group]
-                scale = torch.stack([m.weight.abs().max() for m in mods]).max().float() / fp8.FP8_MAX
                 for name, mod in zip(group, mods, strict=True):
-                    setattr(parent, name, _Emulated(mod, scale))
+                    if scales == "row":
+                        scale = mod.weight.detach().float().abs().amax(1) / fp8.FP8_MAX
+                    else:
+                        scale = torch.stack([m.weight.abs().max() for m in mods]).max().float() / fp8.FP8_MAX
+                    setattr(parent, name, _Emulated(mod, scale.detach()))
     return model
 
 
+@pytest.mark.parametrize("scales", ["row", "tensor"])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_plain_model_decodes_as_one_whose_projections_compute_in_e4m3(do_sample: bool) -> None:
+def test_a_plain_model_decodes_as_one_whose_projections_compute_in_e4m3(do_sample: bool, scales: str) -> None:
     """No adapter: the shadow shares the weights (nothing fused), each projection has its own FP8 copy."""
     model = _tiny(21)
     ids, mask = _prompts(21)
     kw = {"do_sample": do_sample, "top_k": 20, "pad_token_id": 0}
     torch.manual_seed(3)
-    got = fastgen.generate(model, ids, mask, 12, compile=False, fp8=True, **kw)
+    got = fastgen.generate(model, ids, mask, 12, compile=False, fp8=scales, **kw)
     engine = fastgen.get_engine(model)
     assert engine.fp8_weights == 2 * 7 and engine.fused_gemms_saved == 0
-    emulated = _emulate(_tiny(21), fused=False)  # built first: _tiny seeds torch's generator
+    emulated = _emulate(_tiny(21), scales, fused=False)  # built first: _tiny seeds torch's generator
     torch.manual_seed(3)
     ref = emulated.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **kw)
     assert torch.equal(ref, got)
 
 
-def test_a_lora_model_decodes_as_its_merge_in_e4m3_and_follows_adapter_updates() -> None:
-    """With an adapter the shadow owns merged weights, fused into groups with one scale each (as vLLM's fused
-    q/k/v); after an optimizer step the FP8 copies are quantized again from the new merge."""
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_a_lora_model_decodes_as_its_merge_in_e4m3_and_follows_adapter_updates(scales: str) -> None:
+    """With an adapter the shadow owns merged weights, fused into groups (per tensor: one scale a group, as
+    vLLM's fused q/k/v; row-wise: each row its own); after an optimizer step the FP8 copies are quantized again
+    from the new merge."""
     model = peft.get_peft_model(_tiny(22), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     model.eval()
     ids, mask = _prompts(22)
     for step in range(2):
-        got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False, fp8=True)
+        got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False, fp8=scales)
         merged = peft.get_peft_model(_tiny(22), peft.LoraConfig(r=4, target_modules="all-linear",
                                                                 init_lora_weights=False))
         merged.load_state_dict(model.state_dict())
-        ref = _emulate(merged.merge_and_unload().eval(), fused=True)
+        ref = _emulate(merged.merge_and_unload().eval(), scales, fused=True)
         want = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
         assert torch.equal(want, got), step
         engine = fastgen.get_engine(model)
@@ -122,7 +144,7 @@ def test_the_memory_plan_counts_the_fp8_copies(monkeypatch) -> None:
     model = peft.get_peft_model(_tiny(23), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     ids, mask = _prompts(23)
     _fake_gpu(monkeypatch, free=64 * 2**30)
-    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8=True)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8="row")
     engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
     shadow, _kv = _new_bytes(model, engine)
     copies = {b.data_ptr(): b.numel() for n, b in engine.decoder.named_buffers() if n.endswith(".w8")}
@@ -133,9 +155,11 @@ def test_the_memory_plan_counts_the_fp8_copies(monkeypatch) -> None:
 def test_fp8_is_refused_where_it_cannot_serve(monkeypatch) -> None:
     lora = peft.get_peft_model(_tiny(24), peft.LoraConfig(r=4, target_modules="all-linear"))
     with pytest.raises(fastgen.FastgenError, match="fp8 needs the merged shadow"):
-        fastgen.FastGenerator(lora, merge_lora=False, fp8=True)
-    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*fp8=True"):
-        fastgen.FastGenerator(lora, reference_kernels=True, fp8=True)
+        fastgen.FastGenerator(lora, merge_lora=False, fp8="row")
+    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*fp8='row'"):
+        fastgen.FastGenerator(lora, reference_kernels=True, fp8="row")
+    with pytest.raises(fastgen.FastgenError, match="unknown fp8 'yes'"):
+        fastgen.FastGenerator(lora, fp8="yes")
     fake_cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
     assert "capability >= 8.9" in (fp8.unavailable(fake_cuda) or "") and "8.6" in (fp8.unavailable(fake_cuda) or "")
@@ -151,10 +175,10 @@ def test_the_compiled_fp8_step_gives_the_eager_fp8_steps_tokens(monkeypatch) -> 
     model = peft.get_peft_model(_tiny(25), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     model.eval()
     ids, mask = _prompts(25)
-    want = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False, fp8=True)
+    want = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False, fp8="row")
     fastgen.release(model)
     _compile_with(monkeypatch, "aot_eager")
-    got = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=True, fp8=True)
+    got = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=True, fp8="row")
     engine = fastgen.get_engine(model)
     assert engine.compile and engine.compile_error is None and engine._compiled_ok
     assert torch.equal(want, got)
@@ -171,7 +195,7 @@ def test_projections_whose_sizes_scaled_mm_cannot_take_stay_in_bf16(monkeypatch)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
     ids, mask = _prompts(26)
     _fake_gpu(monkeypatch, free=64 * 2**30)
-    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8=True)
+    engine = fastgen.get_engine(model, compile=False, memory_check=True, fp8="tensor")
     engine.generate(ids, mask, 4, fastgen.Sampling(do_sample=False))
     mlp = engine.decoder.model.layers[0].mlp
     assert type(mlp.down_proj) is torch.nn.Linear and engine.fp8_weights == 2 * 4

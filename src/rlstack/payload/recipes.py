@@ -172,16 +172,16 @@ class GrpoSpec(_Strict):
         The engine module imports no torch, so this check is cheap."""
         import inspect
 
-        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, FastGenerator
+        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, FP8_SCALES, FastGenerator
 
         known = [p for p in inspect.signature(FastGenerator).parameters if p != "model"]
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"unknown fastgen option(s) {', '.join(unknown)}; FastGenerator takes: "
                              f"{', '.join(known)}")
-        if value.get("decode_attention", DECODE_ATTENTION[0]) not in DECODE_ATTENTION:
-            raise ValueError(f"unknown fastgen decode_attention {value['decode_attention']!r}; one of "
-                             f"{', '.join(DECODE_ATTENTION)}")
+        for key, allowed in (("decode_attention", DECODE_ATTENTION), ("fp8", FP8_SCALES)):
+            if value.get(key, allowed[0]) not in allowed:
+                raise ValueError(f"unknown fastgen {key} {value[key]!r}; one of {', '.join(allowed)}")
         return value
 
     @model_validator(mode="after")

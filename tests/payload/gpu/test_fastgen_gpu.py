@@ -302,8 +302,9 @@ def test_reference_kernels_replay_transformers_eager_step_in_a_graph_and_give_ge
     assert (ref[:, p:] == got[:, p:]).float().mean().item() >= 0.95, engine.describe()
 
 
-def test_fp8_projections_run_in_the_cuda_graph_as_in_eager_decoding() -> None:
-    """fp8=True on the GPU (capability >= 8.9): torch._scaled_mm (cuBLASLt) inside the compiled step and its CUDA
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_fp8_projections_run_in_the_cuda_graph_as_in_eager_decoding(scales: str) -> None:
+    """fp8 on the GPU (capability >= 8.9): torch._scaled_mm (cuBLASLt) inside the compiled step and its CUDA
     graph, with the activation scales computed on the device (no sync, or capture fails); the graph's tokens
     against the same FP8 engine run eagerly, and against bf16 generate for scale (FP8 changes the function: the
     agreement with generate is reported by bench/fastgen_fidelity.py, not pinned)."""
@@ -312,9 +313,9 @@ def test_fp8_projections_run_in_the_cuda_graph_as_in_eager_decoding() -> None:
     model = _model().to(torch.bfloat16)
     model.eval()
     ids, mask = _inputs()
-    eager = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=False, fp8=True)
+    eager = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=False, fp8=scales)
     fastgen.release(model)
-    got = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=True, fp8=True)
+    got = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=True, fp8=scales)
     engine = fastgen.get_engine(model)
     assert engine.fp8_weights > 0 and engine.compile_error is None and engine.graph_error is None
     assert (eager == got).float().mean().item() > 0.95, engine.describe()

@@ -25,7 +25,7 @@ keeps everything inside the portable stack (torch + transformers + peft, no vLLM
   shadow is then built from a pristine copy of the modeling module, so decoding runs transformers' code on the
   trained tensors (``patched_members``, ``shadow_class``).
 * ``fp8`` (off until measured on a GPU) computes the projections in FP8 (e4m3 weights and activations,
-  per-tensor scales, ``torch._scaled_mm``: vLLM's online FP8), half the weight bytes a step; the rollouts then
+  row-wise or per-tensor scales, ``torch._scaled_mm``), half the weight bytes a step; the rollouts then
   come from an FP8 approximation of the policy (``fastgen.fp8``).
 * ``reference_kernels`` trades the fused kernels for generate's own (the model's modules, eager, replayed in a
   CUDA graph), for evaluations that must give generate's greedy tokens (``rlstack eval --fastgen
@@ -49,6 +49,7 @@ ENGINE_ATTR = "_rlstack_fastgen_engine"
 READ_KWARG = "fastgen_read"  # how many cache slots a decode step's attention reads (attend_bucket)
 SLOT_KWARG = "fastgen_slot"  # the [1] tensor of the slot a decode step writes (decode_attention="triton")
 DECODE_ATTENTION = ("matmul", "triton")  # FastGenerator(decode_attention=...): how a decode step attends
+FP8_SCALES = ("off", "row", "tensor")  # FastGenerator(fp8=...): off, or the FP8 scales' granularity (fastgen.fp8)
 
 
 class FastgenError(RlstackError):
@@ -454,7 +455,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = True, skinny_gemm: bool = False, fp8: bool = False) -> None:
+                 fuse_projections: bool = True, skinny_gemm: bool = False, fp8: str = "off") -> None:
         import copy
 
         import torch
@@ -555,10 +556,10 @@ class _Shadow:
         # of weights shared with the trained model (frozen: quantized once, when built)
         self._fp8: list[Any] = []
         self.fp8_frozen: list[Any] = []
-        if fp8:
+        if fp8 != "off":
             from rlstack.payload.fastgen import fp8 as fp8_module
 
-            self._fp8, self.fp8_frozen = fp8_module.install(shadow, owned)
+            self._fp8, self.fp8_frozen = fp8_module.install(shadow, owned, fp8)
         self.model = shadow
         self.refresh()
 
@@ -768,7 +769,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
-                "decode_attention": ("matmul",), "skinny_gemm": (False,), "compile_pick": (False,), "fp8": (False,)}
+                "decode_attention": ("matmul",), "skinny_gemm": (False,), "compile_pick": (False,), "fp8": ("off",)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -810,9 +811,10 @@ class FastGenerator:
     * ``skinny_gemm=True`` (default off until measured on a GPU): the shadow's o_proj and down_proj run through
       a split-K Triton GEMM (``fastgen.skinny``) at decode (<= 16 rows); ``skinny_gemms`` says how many
       projections (0: the shadow owns none of them). CUDA (or Triton's CPU interpreter).
-    * ``fp8=True`` (default off until measured on a GPU): every projection but lm_head through its FP8 copy
-      (``fastgen.fp8``: e4m3, per-tensor scales, torch._scaled_mm; compute capability >= 8.9, or the CPU);
-      ``fp8_weights`` says how many copies. Needs the merged shadow; not with skinny_gemm.
+    * ``fp8="row"`` or ``"tensor"`` (default "off" until measured on a GPU): every projection but lm_head
+      through its FP8 copy (``fastgen.fp8``: e4m3 with row-wise or per-tensor scales, torch._scaled_mm; compute
+      capability >= 8.9, or the CPU); ``fp8_weights`` says how many copies. Needs the merged shadow; not with
+      skinny_gemm.
     * ``reference_kernels=True`` (default off; measured on the CPU only): decode with transformers' own modules
       and kernels, as its generate does over a static cache: the model itself (a PEFT model's LoRA modules
       unmerged), no inductor, no fastgen attention, no fused projections; on CUDA the eager step is captured into
@@ -831,7 +833,7 @@ class FastGenerator:
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "matmul",
                  compile_pick: bool = False, skinny_gemm: bool = False, reference_kernels: bool = False,
-                 fp8: bool = False) -> None:
+                 fp8: str = "off") -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -875,12 +877,14 @@ class FastGenerator:
                 raise FastgenError(f"fastgen: {why}", f"use {name}={off!r} (the default) here")
         if skinny_gemm and self.peft and not self.merge_lora:
             raise FastgenError("fastgen: skinny_gemm needs the merged shadow", "keep merge_lora=True (the default)")
-        if fp8:
+        if fp8 not in FP8_SCALES:
+            raise FastgenError(f"fastgen: unknown fp8 {fp8!r}", f"use one of {', '.join(FP8_SCALES)}")
+        if fp8 != "off":
             from rlstack.payload.fastgen import fp8 as fp8_module
 
             why = fp8_module.unavailable(self.device)
             if why is not None:
-                raise FastgenError(f"fastgen: {why}", "use fp8=False (the default) here")
+                raise FastgenError(f"fastgen: {why}", "use fp8='off' (the default) here")
             if not self.own_decoder:
                 raise FastgenError("fastgen: fp8 needs the merged shadow (its weights are what it quantizes)",
                                    "keep merge_lora=True (the default)")
@@ -978,8 +982,8 @@ class FastGenerator:
             parts.append(f"{self.decode_attention} decode attention")
         if self.skinny_gemm:
             parts.append(f"split-K GEMMs for {self.skinny_gemms} projections")
-        if self.fp8:
-            parts.append(f"FP8 projections ({self.fp8_weights} e4m3 weights, per-tensor scales)")
+        if self.fp8 != "off":
+            parts.append(f"FP8 projections ({self.fp8_weights} e4m3 weights, {self.fp8}-wise scales)")
         if self.attend_bucket:
             parts.append(f"attention over the filled cache in {self.attend_bucket}-slot steps")
         if self.compile_mode:
@@ -1011,7 +1015,7 @@ class FastGenerator:
         """What serving ``batch`` sequences in a ``length``-token cache would allocate now (see MemoryPlan)."""
         return plan_memory(self.model, batch, length, self.dtype,
                            include_shadow=self.decoder is None and self.own_decoder, merge_lora=self.own_decoder,
-                           fp8=self.fp8)
+                           fp8=self.fp8 != "off")
 
     def _reserve(self, batch: int, length: int) -> None:
         """Before anything new is allocated for this shape: the memory check (on CUDA), then the build."""

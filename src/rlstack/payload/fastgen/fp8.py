@@ -1,4 +1,4 @@
-"""FP8 projections in fastgen's shadow (``FastGenerator(fp8=True)``): rollouts in FP8 without vLLM.
+"""FP8 projections in fastgen's shadow (``FastGenerator(fp8="row")``): rollouts in FP8 without vLLM.
 
 Why: a decode step reads every weight once, so its GEMMs are bound by the memory bandwidth (2.73 of 4.16 ms a
 step at 8 sequences on the H200, Qwen3-4B shape, bench/results/fastgen_profile.md), and FP8 weights are half
@@ -7,21 +7,25 @@ in bf16 at 8 sequences, bench/results/rollout_peers.md); Unsloth's FP8 RL reache
 Blackwell through flashinfer kernels that need a CUDA 12.9 toolkit (the report in shared/background). This is
 torch's own ``_scaled_mm`` (cuBLASLt): no toolkit, no vLLM.
 
-What, as vLLM's online FP8: every projection the shadow owns (merged LoRA or dequantized 4-bit bases) holds an
-e4m3 copy of its weight with one float32 scale (the tensor's absolute maximum over 448, e4m3's largest value);
-a fused group (fastgen.fused) shares one scale for its buffer, as vLLM's fused q/k/v does. Activations are
-quantized per call with a scale of their own (dynamic, per tensor), computed on the device: no host sync, so
-the step still captures into one CUDA graph. Off CUDA the product is computed from the dequantized e4m3 values
+What: every projection but lm_head holds an e4m3 copy of its weight with float32 scales (an absolute maximum
+over 448, e4m3's largest value), and activations are quantized per call with scales of their own (dynamic),
+computed on the device: no host sync, so the step still captures into one CUDA graph. Two granularities
+(``engine.FP8_SCALES``): "row", a scale per output channel of the weight and per token of the activation
+(torch's row-wise _scaled_mm, bf16 out: CUTLASS kernels for sm_89, sm_90, sm_100 and sm_120 in torch's
+aten/src/ATen/native/cuda/RowwiseScaledMM.cu), where one outlier blurs its row, not the whole tensor;
+"tensor", one scale per tensor, as vLLM's online
+``quantization="fp8"`` (a fused group, fastgen.fused, then shares one scale for its buffer, as vLLM's fused
+q/k/v does). Off CUDA the product is computed from the dequantized e4m3 values
 in float32 (the same numbers; oneDNN's ``_scaled_mm`` has no fast path on a CPU without FP8 units: 290 ms for
 one 16 x 576 x 960 product, 7 ms for bf16 at 100 times the rows, so the CPU benches could not run it); a test
-pins that the two agree, with per-tensor scales because those are what ``_scaled_mm`` takes on the CPU.
+pins that the two agree for per-tensor scales, the only ones ``_scaled_mm`` takes on the CPU.
 
 What it changes: the rollouts are sampled from an FP8 approximation of the policy, not from the policy.
 GRPO's loss takes its log-probs from the training model, so the difference shows as off-policy rollouts by the
-per-token KL that bench/fastgen_fidelity.py measures (``--engine-option fp8=true``). Off by default.
+per-token KL that bench/fastgen_fidelity.py measures (``--engine-option fp8=row``). Off by default.
 
 The shadow keeps its bf16 weights (the merge's target) and refreshes the FP8 copies from them after every
-merge, in place, so captured graphs stay valid; the copies cost half the owned weights' bytes on top.
+merge, in place, so captured graphs stay valid; the copies cost one byte a weight element on top.
 torch is imported at module level: this module is imported only when a shadow is built.
 """
 
@@ -44,63 +48,85 @@ def fits(out_features: int, in_features: int) -> bool:
 
 
 def unavailable(device: Any) -> str | None:
-    """None where FP8 projections can run on ``device``, else why not (FastGenerator refuses fp8=True with it)."""
+    """None where FP8 projections can run on ``device``, else why not (FastGenerator refuses fp8 with it)."""
     if device.type == "cpu":
         return None  # the dequantized product (see linear): what the CPU tests and benches run
     if device.type != "cuda":
-        return f"fp8=True runs on CUDA (compute capability >= 8.9) or the CPU, not {device.type}"
+        return f"fp8 runs on CUDA (compute capability >= 8.9) or the CPU, not {device.type}"
     capability = torch.cuda.get_device_capability(device)
     if capability < MIN_CAPABILITY:
-        return (f"fp8=True needs FP8 tensor cores (compute capability >= 8.9); this GPU is "
+        return (f"fp8 needs FP8 tensor cores (compute capability >= 8.9); this GPU is "
                 f"{capability[0]}.{capability[1]}")
     return None
 
 
+def _amax(t: Any, rowwise: bool) -> Any:
+    """The scale's absolute maximum: per row ([R, 1]) or of the whole tensor ([]), floored (TINY)."""
+    a = t.abs().amax(dim=-1, keepdim=True) if rowwise else t.abs().amax()
+    return a.float().clamp_min(TINY)
+
+
 class Fp8Weight(torch.nn.Module):
-    """The e4m3 copy of one bf16 weight [N, K] and its scale, refreshed in place from it (``quantize``)."""
+    """The e4m3 copy of one bf16 weight [N, K] and its scales ([N] row-wise, [] per tensor), refreshed in place
+    from it (``quantize``)."""
 
     w8: torch.Tensor
     scale: torch.Tensor
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, rowwise: bool = True) -> None:
         super().__init__()
         self.source = source  # the shadow's bf16 tensor (a buffer the merge writes), not a copy
+        self.rowwise = rowwise
+        shape = (source.shape[0],) if rowwise else ()
         self.register_buffer("w8", torch.empty(source.shape, dtype=FP8, device=source.device), persistent=False)
-        self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=source.device), persistent=False)
+        self.register_buffer("scale", torch.ones(shape, dtype=torch.float32, device=source.device),
+                             persistent=False)
         self.quantize()
 
     @torch.no_grad()
     def quantize(self) -> None:
-        """Scale and e4m3 values from the source's current contents (after each merge)."""
+        """Scales and e4m3 values from the source's current contents (after each merge)."""
         src = self.source.float()
-        self.scale.copy_(src.abs().amax().clamp_min(TINY) / FP8_MAX)
-        self.w8.copy_((src / self.scale).to(FP8))
+        amax = _amax(src, self.rowwise)
+        self.w8.copy_((src / (amax / FP8_MAX)).to(FP8))
+        self.scale.copy_((amax / FP8_MAX).reshape(self.scale.shape))
+
+    def rows(self, start: int, stop: int) -> tuple[Any, Any]:
+        """(e4m3 values, scales) of output rows [start, stop): a fused member's own part of its group's copy."""
+        return self.w8[start:stop], self.scale[start:stop] if self.rowwise else self.scale
 
     def dequantized(self) -> Any:
         """The weight the FP8 GEMM multiplies by, in float32 (for tests and error measurements)."""
-        return self.w8.float() * self.scale
+        return self.w8.float() * (self.scale[:, None] if self.rowwise else self.scale)
 
     def forward(self, x: Any) -> Any:
         return linear(x, self.w8, self.scale)
 
 
-def quantize_activation(x2: Any) -> tuple[Any, Any]:
-    """(e4m3 values, float32 scale) of a [M, K] activation, the scale from its absolute maximum."""
-    scale = x2.abs().amax().float().clamp_min(TINY) / FP8_MAX
+def quantize_activation(x2: Any, rowwise: bool) -> tuple[Any, Any]:
+    """(e4m3 values, float32 scales: [M, 1] per token, or []) of a [M, K] activation."""
+    scale = _amax(x2, rowwise) / FP8_MAX
     return (x2.float() / scale).to(FP8), scale
 
 
 def linear(x: Any, w8: Any, scale: Any) -> Any:
-    """``x @ W.T`` for x [..., K] in bf16 / fp16 / fp32, in x's dtype: x quantized per call, W given as its e4m3
-    values [N, K] and scale; through torch._scaled_mm on CUDA, from the dequantized values elsewhere (see the
+    """``x @ W.T`` for x [..., K] in bf16 / fp16 / fp32, in x's dtype: x quantized per call with the weight's
+    granularity (scale [N]: per token; []: per tensor), W given as its e4m3 values [N, K] and scales; through
+    torch._scaled_mm on CUDA (row-wise: bf16 out, cast after), from the dequantized values elsewhere (see the
     module docstring)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    xq, x_scale = quantize_activation(x2)
+    rowwise = scale.dim() == 1
+    xq, x_scale = quantize_activation(x2, rowwise)
     if x.device.type == "cuda":
-        out = torch._scaled_mm(xq, w8.t(), scale_a=x_scale, scale_b=scale, out_dtype=x.dtype)
+        if rowwise:
+            out = torch._scaled_mm(xq, w8.t(), scale_a=x_scale, scale_b=scale[None, :].contiguous(),
+                                   out_dtype=torch.bfloat16).to(x.dtype)
+        else:
+            out = torch._scaled_mm(xq, w8.t(), scale_a=x_scale, scale_b=scale, out_dtype=x.dtype)
     else:
-        out = ((xq.float() * x_scale) @ (w8.float() * scale).t()).to(x.dtype)
+        w_scale = scale[:, None] if rowwise else scale
+        out = ((xq.float() * x_scale) @ (w8.float() * w_scale).t()).to(x.dtype)
     return out.reshape(*x.shape[:-1], w8.shape[0])
 
 
@@ -109,37 +135,40 @@ class Fp8Linear(torch.nn.Module):
     shadow's parameters, so named_parameters() and the merge are what they were; the bias is added in the
     activation's dtype, as vLLM's FP8 layers do)."""
 
-    def __init__(self, linear_module: Any) -> None:
+    def __init__(self, linear_module: Any, rowwise: bool = True) -> None:
         super().__init__()
         self.in_features = linear_module.in_features
         self.out_features = linear_module.out_features
         self.weight = linear_module.weight
         self.bias = linear_module.bias
-        self.fp8 = Fp8Weight(linear_module.weight)
+        self.fp8 = Fp8Weight(linear_module.weight, rowwise)
 
     def forward(self, x: Any) -> Any:
         out = self.fp8(x)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-tensor scales"
+        scales = "row-wise" if self.fp8.rowwise else "per-tensor"
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 {scales} scales"
 
 
-def install(model: Any, owned: Any) -> tuple[list[Fp8Weight], list[Fp8Weight]]:
+def install(model: Any, owned: Any, scales: str = "row") -> tuple[list[Fp8Weight], list[Fp8Weight]]:
     """FP8 in place of every projection of ``model`` (the shadow, fused groups installed already), the output
     embedding (lm_head) excepted, as vLLM leaves it, and any whose sizes _scaled_mm cannot take (``fits``): a
     fused group's members compute through its buffer's FP8
     copy; any other ``nn.Linear`` becomes an Fp8Linear. Returns (copies of weights the shadow owns, which the
     merge rewrites: re-quantized after every refresh; copies of weights shared with the trained model, frozen:
-    quantized once)."""
+    quantized once). ``scales``: "row" or "tensor" (the module docstring)."""
     from rlstack.payload.fastgen.fused import FusedLinear
+
+    rowwise = scales == "row"
 
     merged: list[Fp8Weight] = []
     frozen: list[Fp8Weight] = []
     groups: dict[int, Fp8Weight] = {}  # id of a fused group's shared slot -> its buffer's FP8 copy
     for mod in model.modules():
         if isinstance(mod, FusedLinear) and mod.first and fits(*mod.fused_weight.shape):  # owned weights only
-            groups[id(mod.slot)] = Fp8Weight(mod.fused_weight)
+            groups[id(mod.slot)] = Fp8Weight(mod.fused_weight, rowwise)
             merged.append(groups[id(mod.slot)])
     head = model.get_output_embeddings()
     for parent_name, parent in list(model.named_modules()):
@@ -149,7 +178,7 @@ def install(model: Any, owned: Any) -> tuple[list[Fp8Weight], list[Fp8Weight]]:
                 # every member holds the group's copy: one called off the group's pattern takes its rows of it
                 mod.fp8 = groups.get(id(mod.slot))
             elif type(mod) is torch.nn.Linear and mod is not head and fits(mod.out_features, mod.in_features):
-                replacement = Fp8Linear(mod)
+                replacement = Fp8Linear(mod, rowwise)
                 setattr(parent, name, replacement)
                 (merged if owned(full) else frozen).append(replacement.fp8)
     return merged, frozen

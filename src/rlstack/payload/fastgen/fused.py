@@ -96,7 +96,7 @@ class FusedLinear(torch.nn.Module):
         self.slot = slot
         self.first = first
         self.last = last
-        self.fp8: Any = None  # the group's fastgen.fp8.Fp8Weight, on every member, where fp8=True
+        self.fp8: Any = None  # the group's fastgen.fp8.Fp8Weight, on every member, where fp8 is on
 
     def forward(self, x: Any) -> Any:
         stop = self.start + self.out_features
@@ -111,7 +111,7 @@ class FusedLinear(torch.nn.Module):
                 slot.x = slot.y = None
             return out
         if self.fp8 is not None:  # this member's rows of the group's FP8 copy, at the group's scale
-            return _fp8.linear(x, self.fp8.w8[self.start:stop], self.fp8.scale)
+            return _fp8.linear(x, *self.fp8.rows(self.start, stop))
         return torch.nn.functional.linear(x, self.weight)
 
     def extra_repr(self) -> str:
