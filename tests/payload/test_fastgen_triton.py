@@ -141,7 +141,7 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
-    from rlstack.payload.fastgen import split_attention
+    from rlstack.payload.fastgen import triton_support
 
     class _Hopper:
         def get_current_target(self) -> GPUTarget:
@@ -157,7 +157,7 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
             return torch.device("cpu")
 
     monkeypatch.setattr(torch_triton, "has_triton", lambda: True)
-    monkeypatch.setattr(split_attention, "available", lambda *args: None)
+    monkeypatch.setattr(triton_support, "available", lambda *args: None)
     monkeypatch.setattr(driver, "_active", _Hopper())
     model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton", skinny_gemm=True)

@@ -869,10 +869,10 @@ class FastGenerator:
             if value != off and not own_attention:
                 raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
                                    f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
-        from rlstack.payload.fastgen import split_attention
+        from rlstack.payload.fastgen import split_attention, triton_support
 
         for name, value, off in (("decode_attention", decode_attention, "matmul"), ("skinny_gemm", skinny_gemm, False)):
-            why = split_attention.available(self.device.type, f"{name}={value!r}") if value != off else None
+            why = triton_support.available(self.device.type, f"{name}={value!r}") if value != off else None
             if why is not None:
                 raise FastgenError(f"fastgen: {why}", f"use {name}={off!r} (the default) here")
         if skinny_gemm and self.peft and not self.merge_lora:

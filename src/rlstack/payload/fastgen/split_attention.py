@@ -21,7 +21,6 @@ set before triton is imported), which is how the CPU tests run it.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 BLOCK_N = 32  # cache slots per inner iteration
@@ -33,23 +32,6 @@ MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Q
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
 
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
-
-
-def interpreted() -> bool:
-    """Whether Triton runs in its CPU interpreter (TRITON_INTERPRET=1): the only way the kernel runs off CUDA."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def available(device_type: str, what: str) -> str | None:
-    """None where fastgen's Triton kernels (this one, fastgen.skinny's) can run on this device, else why not, for
-    FastGenerator to refuse ``what`` (the option) with."""
-    if device_type != "cuda" and not interpreted():
-        return f"{what} runs on CUDA (or in Triton's CPU interpreter, TRITON_INTERPRET=1)"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return f"{what} needs the triton package (torch's CUDA wheels bring it)"
-    return None
 
 
 def kernel() -> Any:

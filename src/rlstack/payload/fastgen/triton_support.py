@@ -1,0 +1,24 @@
+"""Where fastgen's own Triton kernels (fastgen.split_attention's decode attention, fastgen.skinny's split-K
+GEMM) can run: one check for both, so FastGenerator refuses an option with the same reason whichever kernel it
+asks for. No torch or triton import at module level: FastGenerator's option checks stay cheap."""
+
+from __future__ import annotations
+
+import os
+
+
+def interpreted() -> bool:
+    """Whether Triton runs in its CPU interpreter (TRITON_INTERPRET=1): the only way the kernels run off CUDA."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available(device_type: str, what: str) -> str | None:
+    """None where the kernels can run on this device, else why not, for FastGenerator to refuse ``what`` (the
+    option) with."""
+    if device_type != "cuda" and not interpreted():
+        return f"{what} runs on CUDA (or in Triton's CPU interpreter, TRITON_INTERPRET=1)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return f"{what} needs the triton package (torch's CUDA wheels bring it)"
+    return None
