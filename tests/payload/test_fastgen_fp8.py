@@ -202,3 +202,22 @@ def test_projections_whose_sizes_scaled_mm_cannot_take_stay_in_bf16(monkeypatch)
     shadow, _kv = _new_bytes(model, engine)
     copies = sum(b.numel() for n, b in engine.decoder.named_buffers() if n.endswith(".w8"))
     assert engine.last_plan is not None and engine.last_plan.shadow == shadow + copies
+
+
+def test_a_fully_fine_tuned_plain_model_is_quantized_again_from_its_new_weights() -> None:
+    """The shadow of a plain model shares its weights, which full fine-tuning changes between generations: the
+    FP8 copies are quantized again at every refresh, so the tokens follow (those of the updated model in e4m3)."""
+    model = _tiny(27)
+    ids, mask = _prompts(27)
+    first = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False, fp8="row")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # what optimizer steps on every weight could do
+        for name, p in model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.add_(torch.randn(p.shape, generator=g) * p.abs().mean() * 3)
+    got = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False, fp8="row")
+    updated = _tiny(27)
+    updated.load_state_dict(model.state_dict())
+    want = _emulate(updated, "row", fused=False).generate(input_ids=ids, attention_mask=mask, max_new_tokens=10,
+                                                          do_sample=False, pad_token_id=0)
+    assert torch.equal(want, got) and not torch.equal(first, got)

@@ -552,14 +552,11 @@ class _Shadow:
             from rlstack.payload.fastgen import skinny
 
             self.skinny_gemms = skinny.install(shadow, owned)
-        # fastgen.fp8.Fp8Weight of every projection (fp8): of owned weights (re-quantized after each merge), and
-        # of weights shared with the trained model (frozen: quantized once, when built)
-        self._fp8: list[Any] = []
-        self.fp8_frozen: list[Any] = []
+        self._fp8: list[Any] = []  # fastgen.fp8.Fp8Weight of every projection (fp8), quantized at each refresh
         if fp8 != "off":
             from rlstack.payload.fastgen import fp8 as fp8_module
 
-            self._fp8, self.fp8_frozen = fp8_module.install(shadow, owned, fp8)
+            self._fp8 = fp8_module.install(shadow, fp8)
         self.model = shadow
         self.refresh()
 
@@ -592,7 +589,7 @@ class _Shadow:
                         if getattr(layer, "use_dora", {}).get(adapter, False):
                             raise FastgenError("fastgen does not merge DoRA adapters", "use merge_lora=False")
                         buf.add_(layer.get_delta_weight(adapter).to(self.dtype))
-            for weight in self._fp8:  # the FP8 copies from the bf16 weights just merged
+            for weight in self._fp8:  # the FP8 copies from the weights as they are now (just merged, or trained)
                 weight.quantize()
 
 
@@ -999,7 +996,7 @@ class FastGenerator:
     @property
     def fp8_weights(self) -> int:
         """FP8 copies the shadow computes through (fp8; a fused group's is one; 0 before the shadow is built)."""
-        return len(self._shadow._fp8) + len(self._shadow.fp8_frozen) if self._shadow is not None else 0
+        return len(self._shadow._fp8) if self._shadow is not None else 0
 
     @property
     def skinny_gemms(self) -> int:

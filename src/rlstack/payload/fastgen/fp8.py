@@ -152,33 +152,30 @@ class Fp8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 {scales} scales"
 
 
-def install(model: Any, owned: Any, scales: str = "row") -> tuple[list[Fp8Weight], list[Fp8Weight]]:
+def install(model: Any, scales: str = "row") -> list[Fp8Weight]:
     """FP8 in place of every projection of ``model`` (the shadow, fused groups installed already), the output
     embedding (lm_head) excepted, as vLLM leaves it, and any whose sizes _scaled_mm cannot take (``fits``): a
-    fused group's members compute through its buffer's FP8
-    copy; any other ``nn.Linear`` becomes an Fp8Linear. Returns (copies of weights the shadow owns, which the
-    merge rewrites: re-quantized after every refresh; copies of weights shared with the trained model, frozen:
-    quantized once). ``scales``: "row" or "tensor" (the module docstring)."""
+    fused group's members compute through its buffer's FP8 copy; any other ``nn.Linear`` becomes an Fp8Linear.
+    Returns the copies, for the shadow to quantize again after every refresh: merged weights change with the
+    adapter, and weights shared with the trained model change too where it is fully fine-tuned (one pass over
+    the weights a generation). ``scales``: "row" or "tensor" (the module docstring)."""
     from rlstack.payload.fastgen.fused import FusedLinear
 
     rowwise = scales == "row"
-
-    merged: list[Fp8Weight] = []
-    frozen: list[Fp8Weight] = []
+    weights: list[Fp8Weight] = []
     groups: dict[int, Fp8Weight] = {}  # id of a fused group's shared slot -> its buffer's FP8 copy
     for mod in model.modules():
-        if isinstance(mod, FusedLinear) and mod.first and fits(*mod.fused_weight.shape):  # owned weights only
+        if isinstance(mod, FusedLinear) and mod.first and fits(*mod.fused_weight.shape):
             groups[id(mod.slot)] = Fp8Weight(mod.fused_weight, rowwise)
-            merged.append(groups[id(mod.slot)])
+            weights.append(groups[id(mod.slot)])
     head = model.get_output_embeddings()
-    for parent_name, parent in list(model.named_modules()):
+    for parent in list(model.modules()):
         for name, mod in list(parent.named_children()):
-            full = f"{parent_name}.{name}" if parent_name else name
             if isinstance(mod, FusedLinear):
                 # every member holds the group's copy: one called off the group's pattern takes its rows of it
                 mod.fp8 = groups.get(id(mod.slot))
             elif type(mod) is torch.nn.Linear and mod is not head and fits(mod.out_features, mod.in_features):
                 replacement = Fp8Linear(mod, rowwise)
                 setattr(parent, name, replacement)
-                (merged if owned(full) else frozen).append(replacement.fp8)
-    return merged, frozen
+                weights.append(replacement.fp8)
+    return weights
