@@ -221,3 +221,26 @@ def test_a_fully_fine_tuned_plain_model_is_quantized_again_from_its_new_weights(
     want = _emulate(updated, "row", fused=False).generate(input_ids=ids, attention_mask=mask, max_new_tokens=10,
                                                           do_sample=False, pad_token_id=0)
     assert torch.equal(want, got) and not torch.equal(first, got)
+
+
+@pytest.mark.parametrize("rowwise", [True, False], ids=["row", "tensor"])
+def test_the_cuda_branch_passes_torchs_own_checks_of_scaled_mm(rowwise: bool) -> None:
+    """The GPU path (torch._scaled_mm) cannot run here, but torch checks its arguments in the op's meta function
+    (layouts: the activation row-major, the weight column-major; sizes divisible by 16; scale shapes), which
+    fake CUDA tensors run on the host: fp8.linear's CUDA branch on the Qwen3-4B q/k/v shape, a fused member's
+    rows, and a [B, 1, K] decode input, in both granularities. (The checks refuse, e.g., a row-wise scale_b of
+    shape [N] or a row-major weight: what this test would catch.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        w8 = torch.empty(6144, 2560, dtype=fp8.FP8, device="cuda")
+        scale = torch.empty((6144,) if rowwise else (), dtype=torch.float32, device="cuda")
+        x = torch.empty(8, 1, 2560, dtype=torch.bfloat16, device="cuda")
+        out = fp8.linear(x, w8, scale)
+        assert out.shape == (8, 1, 6144) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+        rows = fp8.linear(x, w8[4096:5120], scale[4096:5120] if rowwise else scale)
+        assert rows.shape == (8, 1, 1024)
+        with pytest.raises(RuntimeError, match="col_major"):
+            torch._scaled_mm(torch.empty(8, 2560, dtype=fp8.FP8, device="cuda"), w8.t().contiguous(),
+                             scale_a=torch.ones((), device="cuda"), scale_b=torch.ones((), device="cuda"),
+                             out_dtype=torch.bfloat16)
