@@ -299,13 +299,15 @@ def _load(loader: str, load_in_4bit: bool) -> Any:
     return loaded
 
 
-def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dict[str, float]) -> None:
+def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dict[str, float],
+           loaded: Any = None) -> Any:
+    """Measure an HF-side engine; returns the loaded model, which fastgen's next variant reuses (``loaded``)."""
     import torch
 
     engine = res.engine
     four_bit = a.load_in_4bit == "true" or (a.load_in_4bit == "recipe" and recipe_shape()["load_in_4bit"])
     loader = {"fastgen": a.fastgen_loader, "unsloth-generate": "unsloth"}.get(engine, "transformers")
-    loaded = _load(loader, four_bit)
+    loaded = loaded if loaded is not None else _load(loader, four_bit)
     model, tok = loaded.model, loaded.tokenizer
     tok.padding_side = "left"
     quant = "nf4" if four_bit and common.DEVICE == "cuda" else str(next(model.parameters()).dtype).split(".")[-1]
@@ -425,6 +427,7 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
         raise SystemExit(f"not an HF engine: {engine}")
     measure(res, loaded.loader, quant, batches, a.reps, a.new_tokens, make, ceilings, model.config, tok, extra,
             warmup if engine in SLOW_ENGINES else None)
+    return loaded
 
 
 def run_vllm(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dict[str, float]) -> None:
@@ -473,25 +476,39 @@ def cmd_one(a: argparse.Namespace) -> int:
     # second and third engine reuse the first's FlashInfer JIT modules and torch.compile artifacts (~100 s each)
     kernelcache.apply()
     options = common.engine_options(a.engine_option)
-    if options and a.engine != "fastgen":
-        raise SystemExit(f"--engine-option sets FastGenerator options: it applies to the fastgen engine, "
-                         f"not {a.engine}")
+    if (options or a.variant) and a.engine != "fastgen":
+        raise SystemExit(f"--engine-option and --variant set FastGenerator options: they apply to the fastgen "
+                         f"engine, not {a.engine}")
+    # --variant: each one a fresh engine on the model loaded once (the load and the stack's imports are a minute
+    # or more of device time a process); each variant's rows go to their own file, as --engine-option's do
+    variants = [{**options, **common.engine_options([x for x in v.split(",") if x])} for v in a.variant] \
+        or [options]
     run_id, ceilings = _prepared()
-    res = Result(a.engine, a.stack, run_id, options)
     batches = [int(b) for b in (a.slow_batches if a.engine in SLOW_ENGINES else a.batches).split(",") if b]
-    try:
-        if a.engine in VLLM_ENGINES:
-            run_vllm(res, a, batches, ceilings)
-        else:
-            run_hf(res, a, batches, ceilings)
-    except Exception as exc:  # could not even load: one row per batch says why
-        traceback.print_exc()
-        for batch in batches:
-            if not any(r.get("batch") == batch for r in res.rows):
-                res.add({"loader": None, "batch": batch, "new_tokens": a.new_tokens,
-                         "error": error_text(exc)})
-        return 1
-    return 0
+    loaded, failed = None, False
+    for opts in variants:
+        res = Result(a.engine, a.stack, run_id, opts)
+        try:
+            if a.engine in VLLM_ENGINES:
+                run_vllm(res, a, batches, ceilings)
+            else:
+                if loaded is not None:  # the last variant's engine, its graphs and compiled code go first
+                    import torch
+
+                    from rlstack.payload import fastgen
+
+                    fastgen.uninstall(loaded.model)
+                    fastgen.release(loaded.model)
+                    torch._dynamo.reset()
+                loaded = run_hf(res, a, batches, ceilings, loaded)
+        except Exception as exc:  # could not even load (or this variant failed): one row per batch says why
+            traceback.print_exc()
+            failed = True
+            for batch in batches:
+                if not any(r.get("batch") == batch for r in res.rows):
+                    res.add({"loader": None, "batch": batch, "new_tokens": a.new_tokens,
+                             "error": error_text(exc)})
+    return 1 if failed else 0
 
 
 # --- merge -------------------------------------------------------------------------------------------------------
@@ -622,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("one", help="measure one engine in this process (what run starts)")
     p.add_argument("engine", choices=ENGINES)
     engine_args(p)
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="fastgen: measure once per variant ('' = the default path), each a fresh engine on the "
+                        "model loaded once, on top of --engine-option; rows as --engine-option's")
     p = sub.add_parser("merge", help="join the engine files of one run id into bench/results/rollout_peers")
     p.add_argument("paths", nargs="+")
     p.add_argument("--run-id", default="")

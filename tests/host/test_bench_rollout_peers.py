@@ -121,5 +121,38 @@ def test_engine_options_go_to_their_own_file_and_only_to_fastgen(peers: ModuleTy
     default = peers.Result("fastgen", "portable", "r1")
     assert res.path.name == "portable-fastgen-attend_bucket=256.json" and default.path.name == "portable-fastgen.json"
     assert json.loads(res.path.read_text())["rows"][0]["options"] == "attend_bucket=256"
-    with pytest.raises(SystemExit, match="applies to the fastgen engine"):
+    with pytest.raises(SystemExit, match="apply to the fastgen engine"):
         peers.main(["one", "vllm-bf16", "--stack", "fp8", "--engine-option", "attend_bucket=256"])
+
+
+def test_fastgen_variants_share_one_loaded_model_and_each_get_a_fresh_engine(
+        peers: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`one fastgen --variant '' --variant fp8=row`: the model is loaded once (the first variant's run loads it,
+    the next reuses it), the last variant's engine is dropped before the next is built, and each variant's rows
+    go to their own file (the default path's to the plain one)."""
+    from types import SimpleNamespace
+
+    import common
+    from rlstack.payload import fastgen
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(common, "header", lambda: {"date": "2026-12-04T23:00:00Z"})
+    monkeypatch.setattr(peers, "engine_versions", lambda: {})
+    monkeypatch.setattr(peers, "_prepared", lambda: ("r1", {}))
+    loaded = SimpleNamespace(model=object())
+    calls: list[tuple] = []
+    dropped: list[str] = []
+
+    def run_hf(res, a, batches, ceilings, given=None):
+        calls.append((res.options, given))
+        res.add({"batch": batches[0], "tokens_per_s": 1.0})
+        return given if given is not None else loaded
+
+    monkeypatch.setattr(peers, "run_hf", run_hf)
+    monkeypatch.setattr(fastgen, "uninstall", lambda model: dropped.append("uninstall"))
+    monkeypatch.setattr(fastgen, "release", lambda model: dropped.append("release"))
+    assert peers.main(["one", "fastgen", "--stack", "portable", "--batches", "8", "--variant", "",
+                       "--variant", "fp8=row"]) == 0
+    assert calls == [(None, None), ("fp8=row", loaded)] and dropped == ["uninstall", "release"]
+    out = tmp_path / "rollout_peers"
+    assert (out / "portable-fastgen.json").exists() and (out / "portable-fastgen-fp8=row.json").exists()
