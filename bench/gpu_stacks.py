@@ -172,7 +172,7 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     tag = (f"{a.stack}-{a.adapter}-{a.backend}" + ("-fastgen" if a.fastgen else "")
            + ("-reference" if a.reference_kernels else "") + ("-unquantized" if a.unquantized else "")
-           + (f"-n{a.n}" if a.n != 32 else ""))
+           + (f"-n{a.n}" if a.n != 32 else "") + (f"-b{a.batch_size}" if a.batch_size else ""))
     out = EVALS / tag
     argv = ["eval", "--adapter", str(ADAPTERS / a.adapter), "--backend", a.backend, "-n", str(a.n), "--data",
             a.data, "--max-new-tokens", str(a.max_new_tokens), "--output", str(out), "--json"]
@@ -180,6 +180,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
         argv.append("--fastgen")
     if a.reference_kernels:
         argv.append("--reference-kernels")
+    if a.batch_size:
+        argv += ["--batch-size", str(a.batch_size)]
     if a.unquantized:
         argv.append("--unquantized")
     run = run_cli(argv, log_dir() / f"{tag}-eval.log", a.timeout)
@@ -480,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--fastgen", action="store_true", help="rlstack eval --fastgen (hf backend)")
     e.add_argument("--reference-kernels", action="store_true",
                    help="rlstack eval --fastgen --reference-kernels (transformers' kernels in a CUDA graph)")
+    e.add_argument("--batch-size", type=int, default=0, help="rlstack eval --batch-size (0: the recipe's, 16)")
     e.add_argument("--unquantized", action="store_true",
                    help="rlstack eval --unquantized: the bf16 base vLLM's LoRARequest runs (hand-off like for like)")
     e.add_argument("--max-new-tokens", type=int, default=256)
