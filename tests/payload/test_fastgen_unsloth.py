@@ -344,16 +344,15 @@ def test_qlora_shadow_memory_estimate_matches_its_allocation(tiny_folder, unslot
     assert engine.last_plan.shadow == sum(dense.values()) == projections * 4  # float32 compute dtype here
 
 
-def test_without_the_pristine_copy_the_patched_classes_fail_and_fastgen_falls_back_once(
-        tiny_folder, unsloth, capsys) -> None:
-    """Control: a shadow built from the live (patched) classes runs Unsloth's forwards, which cannot take a
-    StaticCache. That TypeError (not a FastgenError) must turn fastgen off once; this and every later call then go
-    to Unsloth's own generate: the tokens of a twin model that never had fastgen."""
+def _falls_back_to_unsloths_generate(unsloth, tiny_folder, capsys, **options) -> str:
+    """fastgen installed with ``options`` on an Unsloth-loaded model fails, turns itself off once, and this and
+    every later call go to Unsloth's own generate: the tokens of a twin model that never had fastgen. Returns
+    the failure fastgen recorded."""
     unsloth.apply()
     twin = unsloth.load(tiny_folder, False, seed=7)
     model = unsloth.load(tiny_folder, False, seed=7)
     _copy_lora(twin, model)
-    fastgen.install(model, compile=False, pristine=False)
+    fastgen.install(model, compile=False, **options)
     inputs = _inputs(8)
     gc = _trl_config(greedy=True)
     want = _trl_generate(twin, inputs, gc, 0)
@@ -361,8 +360,16 @@ def test_without_the_pristine_copy_the_patched_classes_fail_and_fastgen_falls_ba
     for call in (1, 2, 3):
         assert torch.equal(want, _trl_generate(model, inputs, gc, 0))
         assert unsloth.counts["unsloth_generate"] == call
-    assert "TypeError" in (fastgen.failure(model) or "") and "StaticCache" in (fastgen.failure(model) or "")
     assert capsys.readouterr().err.count("rlstack fastgen: falling back") == 1
+    return fastgen.failure(model) or ""
+
+
+def test_without_the_pristine_copy_the_patched_classes_fail_and_fastgen_falls_back_once(
+        tiny_folder, unsloth, capsys) -> None:
+    """Control: a shadow built from the live (patched) classes runs Unsloth's forwards, which cannot take a
+    StaticCache. That TypeError (not a FastgenError) must turn fastgen off once."""
+    failure = _falls_back_to_unsloths_generate(unsloth, tiny_folder, capsys, pristine=False)
+    assert "TypeError" in failure and "StaticCache" in failure
 
 
 def test_qlora_shadow_computes_in_the_4bit_compute_dtype(tiny_folder) -> None:
@@ -388,16 +395,6 @@ def test_qlora_shadow_computes_in_the_4bit_compute_dtype(tiny_folder) -> None:
 
 def test_reference_kernels_refuse_unsloths_patched_classes_and_fall_back_once(tiny_folder, unsloth, capsys) -> None:
     """reference_kernels decodes through the model's own classes; under Unsloth those are Unsloth's forwards, not
-    transformers', so fastgen refuses (saying so) and Unsloth's own generate serves: the twin's tokens."""
-    unsloth.apply()
-    twin = unsloth.load(tiny_folder, False, seed=5)
-    model = unsloth.load(tiny_folder, False, seed=5)
-    _copy_lora(twin, model)
-    fastgen.install(model, compile=False, reference_kernels=True)
-    inputs = _inputs(6)
-    gc = _trl_config(greedy=True)
-    want = _trl_generate(twin, inputs, gc, 0)
-    for _ in range(2):
-        assert torch.equal(want, _trl_generate(model, inputs, gc, 0))
-    assert "patched" in (fastgen.failure(model) or "") and "transformers' generate" in (fastgen.failure(model) or "")
-    assert capsys.readouterr().err.count("rlstack fastgen: falling back") == 1
+    transformers', so fastgen refuses, saying so, and Unsloth's own generate serves."""
+    failure = _falls_back_to_unsloths_generate(unsloth, tiny_folder, capsys, reference_kernels=True)
+    assert "patched" in failure and "transformers' generate" in failure

@@ -78,6 +78,22 @@ def _embedded_model():
     return peft.get_peft_model(base.eval(), peft.LoraConfig(r=8, target_modules="all-linear")), tok
 
 
+def _embedded_greedy():
+    """(model, left-padded rendered prompts on the GPU, generate's greedy arguments: 48 tokens, EOS held off so
+    every position is compared) for the embedded model's same-function tests."""
+    from rlstack.payload import prompt
+    from rlstack.payload.data import load_problems
+
+    model, tok = _embedded_model()
+    model.eval()
+    tok.padding_side = "left"
+    texts = [prompt.render(tok, p.question) for p in load_problems("generated-easy:8", split="test")]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
+    args = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id)
+    return model, enc, args
+
+
 def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
     """Same function on real weights: where fastgen's greedy tokens part from generate's, it is at a near-tie.
 
@@ -87,17 +103,7 @@ def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
     first divergence, so generate's logit gap there separates a rounding-sized tie (bf16 logits of this size are
     0.125-0.25 apart; the bench's largest gap over 16 x 64 tokens was 0.5) from a wrong computation, which
     leaves gaps of whole logits."""
-    from rlstack.payload import prompt
-    from rlstack.payload.data import load_problems
-
-    model, tok = _embedded_model()
-    model.eval()
-    tok.padding_side = "left"
-    texts = [prompt.render(tok, p.question) for p in load_problems("generated-easy:8", split="test")]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
-    new = 48
-    args = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id)
+    model, enc, args = _embedded_greedy()
     out = model.generate(**enc, **args, output_scores=True, return_dict_in_generate=True)
     got = fastgen.generate(model, enc["input_ids"], enc["attention_mask"], compile=True, **args)
     p = enc["input_ids"].shape[1]
@@ -283,17 +289,7 @@ def test_reference_kernels_replay_transformers_eager_step_in_a_graph_and_give_ge
     is issue 14's fidelity target, which the fused paths miss on near-ties (68-81 % of positions): transformers'
     static cache run eagerly agreed with its dynamic cache on 100 % of 1,024 positions on the H200, and a graph
     replays the kernels it captured. Asked here: >= 95 % of positions, the step captured (no graph_error)."""
-    from rlstack.payload import prompt
-    from rlstack.payload.data import load_problems
-
-    model, tok = _embedded_model()
-    model.eval()
-    tok.padding_side = "left"
-    texts = [prompt.render(tok, p.question) for p in load_problems("generated-easy:8", split="test")]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
-    new = 48
-    args = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id)
+    model, enc, args = _embedded_greedy()
     ref = model.generate(**enc, **args)
     got = fastgen.generate(model, enc["input_ids"], enc["attention_mask"], reference_kernels=True, **args)
     engine = fastgen.get_engine(model)
