@@ -299,6 +299,20 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def add_variant(ap: Any, purpose: str) -> None:
+    """The benches' one `--variant KEY=VALUE[,KEY=VALUE]` (repeatable; read with variants): an A/B of engine
+    options in one process, `purpose` saying what each variant gets in the bench's help."""
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help=f"an A/B in one process: {purpose}, with these options on top of --engine-option ('' "
+                         f"for none); repeatable")
+
+
+def variants(specs: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{--variant label: its FastGenerator options on top of ``options``}; without variants, the one run of
+    ``options`` under the label ''."""
+    return {v: {**options, **engine_options([x for x in v.split(",") if x])} for v in specs} or {"": options}
+
+
 def add_engine_option(ap: Any, purpose: str) -> None:
     """The benches' one `--engine-option KEY=VALUE` (repeatable; read with engine_options): a FastGenerator option
     switched for one run, `purpose` saying what for in the bench's help."""

@@ -529,9 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cache lengths to time the attention over as well, e.g. 256,384,512,640,768: what a "
                          "length that follows the generation would read (each a compile and, at 64 sequences, "
                          "up to 7 GB of cache)")
-    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                    help="an A/B in one process: the profile once per variant (each a fresh engine with these "
-                         "options on top of --engine-option; '' for none), rows tagged with it; repeatable")
+    common.add_variant(ap, "the profile once per variant, each a fresh engine, rows tagged with it")
     ap.add_argument("--rederive", type=Path, metavar="JSON",
                     help="no GPU: recompute a stored run's sums (gemm, rest) with this accounting and write it "
                          "as bench/results/NAME.{json,md}")
@@ -540,8 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.rederive:
         return rederive(a.rederive, a.name)
     options = common.engine_options(a.engine_option)
-    variants = {v: {**options, **common.engine_options([x for x in v.split(",") if x])} for v in a.variant} \
-        or {"": options}
+    variants = common.variants(a.variant, options)
     lengths = tuple(int(n) for n in a.attention_lengths.split(",") if n)
     import torch
 

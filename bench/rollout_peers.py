@@ -481,8 +481,7 @@ def cmd_one(a: argparse.Namespace) -> int:
                          f"engine, not {a.engine}")
     # --variant: each one a fresh engine on the model loaded once (the load and the stack's imports are a minute
     # or more of device time a process); each variant's rows go to their own file, as --engine-option's do
-    variants = [{**options, **common.engine_options([x for x in v.split(",") if x])} for v in a.variant] \
-        or [options]
+    variants = common.variants(a.variant, options).values()
     run_id, ceilings = _prepared()
     batches = [int(b) for b in (a.slow_batches if a.engine in SLOW_ENGINES else a.batches).split(",") if b]
     loaded, failed = None, False
@@ -639,9 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("one", help="measure one engine in this process (what run starts)")
     p.add_argument("engine", choices=ENGINES)
     engine_args(p)
-    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                   help="fastgen: measure once per variant ('' = the default path), each a fresh engine on the "
-                        "model loaded once, on top of --engine-option; rows as --engine-option's")
+    common.add_variant(p, "fastgen measured once per variant, each a fresh engine on the model loaded once, rows "
+                          "in their own files as --engine-option's")
     p = sub.add_parser("merge", help="join the engine files of one run id into bench/results/rollout_peers")
     p.add_argument("paths", nargs="+")
     p.add_argument("--run-id", default="")
