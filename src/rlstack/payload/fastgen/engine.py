@@ -762,6 +762,24 @@ class _Loop:
                    invalid=torch.zeros((batch,), dtype=torch.bool, device=device))
 
 
+def _first_compiled_call(call: Callable[[], Any], state: list[Any]) -> tuple[Any, str | None]:
+    """The first call of a torch.compile'd function (the decode step, the pick): (its output, None), or where it
+    raised, (None, why) with ``state`` (the tensors the call may have advanced in place) set back, for the caller
+    to fall back to eager and say so. Dynamo's suppress_errors is off for the call: Unsloth turns it on for the
+    whole process (unsloth_zoo patching_utils.py), and a failed compile would then run eager in silence, under
+    fastgen's name and at eager speed."""
+    import torch._dynamo
+
+    snapshot = [t.clone() for t in state]
+    try:
+        with torch._dynamo.config.patch(suppress_errors=False):
+            return call(), None
+    except Exception as exc:
+        for cur, old in zip(state, snapshot, strict=True):
+            cur.copy_(old)
+        return None, error_text(exc)
+
+
 def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
@@ -1068,33 +1086,21 @@ class FastGenerator:
 
         if self.graph == "trees":
             torch.compiler.cudagraph_mark_step_begin()
-        snapshot = None if self._compiled_ok else [t.clone() for t in self._lengths(cache)]
-        try:
-            if self._compiled_ok:
-                return self._step(input_ids, attention_mask, position_ids, cache, slot, read)
-            # Unsloth turns torch._dynamo.config.suppress_errors on for the whole process (unsloth_zoo
-            # patching_utils.py): a failed compile would then run eager in silence, under fastgen's name and at
-            # eager speed. The first compiled call raises instead, so the handler below says what failed.
-            import torch._dynamo
-
-            with torch._dynamo.config.patch(suppress_errors=False):
-                out = self._step(input_ids, attention_mask, position_ids, cache, slot, read)
+        if self._compiled_ok:
+            return self._step(input_ids, attention_mask, position_ids, cache, slot, read)
+        out, why = _first_compiled_call(
+            lambda: self._step(input_ids, attention_mask, position_ids, cache, slot, read), self._lengths(cache))
+        if why is None:
             self._compiled_ok = True
             return out
-        except Exception as exc:
-            if self._compiled_ok:
-                raise
-            import logging
+        import logging
 
-            self.compile_error = error_text(exc)
-            logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s",
-                                                self.compile_error)
-            self.compile = False
-            self.graph = "none"
-            self._step = self._decode
-            for cur, old in zip(self._lengths(cache), snapshot or [], strict=False):
-                cur.copy_(old)
-            return self._decode(input_ids, attention_mask, position_ids, cache, slot, read)
+        self.compile_error = why
+        logging.getLogger(__name__).warning("fastgen: compiled decoding failed, using eager: %s", why)
+        self.compile = False
+        self.graph = "none"
+        self._step = self._decode
+        return self._decode(input_ids, attention_mask, position_ids, cache, slot, read)
 
     def _capture(self, cache: Any, loop: _Loop, body: Callable[[], Any],
                  warm: Callable[[], Any] | None = None) -> tuple[Any, Any] | None:
@@ -1217,24 +1223,16 @@ class FastGenerator:
             return self._pick(logits, loop, sampling, eos, generator)
         if self._pick_ok:
             return self._pick_compiled(logits, loop, sampling, eos)
-        import torch._dynamo
-
-        snapshot = [t.clone() for t in loop.tensors()]
-        try:
-            with torch._dynamo.config.patch(suppress_errors=False):
-                self._pick_compiled(logits, loop, sampling, eos)
+        _, why = _first_compiled_call(lambda: self._pick_compiled(logits, loop, sampling, eos), loop.tensors())
+        if why is None:
             self._pick_ok = True
             return None
-        except Exception as exc:
-            import logging
+        import logging
 
-            self.pick_error = error_text(exc)
-            logging.getLogger(__name__).warning("fastgen: the compiled pick failed, picking eagerly: %s",
-                                                self.pick_error)
-            self._pick_compiled = None
-            for cur, old in zip(loop.tensors(), snapshot, strict=True):
-                cur.copy_(old)
-            return self._pick(logits, loop, sampling, eos, generator)
+        self.pick_error = why
+        logging.getLogger(__name__).warning("fastgen: the compiled pick failed, picking eagerly: %s", why)
+        self._pick_compiled = None
+        return self._pick(logits, loop, sampling, eos, generator)
 
     @staticmethod
     def _pick(logits: Any, loop: _Loop, sampling: Sampling, eos: Any, generator: Any = None) -> None:
