@@ -16,22 +16,62 @@
 #                                                   from its own copy of the tree ($STASH/bg-STACK/tree)
 #   bash bench/native_probe.sh wait STACK [S]       wait up to S s (default 560) for it; when it has ended, its exit
 #                                                   code, and what it wrote under its own $OUT copied to this $OUT
+#   bash bench/native_probe.sh keep-cache STACK [N] [DIR...]
+#                                                   the kernels this machine compiled ($RLSTACK_KERNEL_CACHE, or
+#                                                   its DIRs), packed for the next lease: call N (0, 1, ...) brings
+#                                                   the manifest and chunks 3N..3N+2 (15 MiB each) to $OUT. Here:
+#                                                   put them in .stage/kernel-cache/STACK/; the next lease's stash
+#                                                   (carry that folder) copies them, and install unpacks them once
+#                                                   (checked against the manifest and the lock) after the wheels
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
 set -u
-cmd=${1:?stash, run, one or py}; stack=${2:?stack}; shift 2
-STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-$stack; LOGS=/tmp/probe-logs-$stack
+cmd=${1:?stash, run, one, py, probe, bg, wait or keep-cache}; stack=${2:?stack}; shift 2
+STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=${SITE:-/tmp/site-$stack}; LOGS=/tmp/probe-logs-$stack
 mkdir -p "$STASH/$stack" "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RLSTACK_PROBE_LOGDIR=$LOGS
 # compiled kernels (FlashInfer's nvcc JIT, Triton, torch.compile, Unsloth) kept beside the parts, which outlive a
 # call while the machine stays warm; without it FlashInfer's ~200 s of JIT repeats in every call
 export RLSTACK_KERNEL_CACHE=${RLSTACK_KERNEL_CACHE:-$STASH/kernel-cache-$stack}
-install() {
+install() { install_site; restore_cache; }
+install_site() {
   [ -f "$SITE/.rlstack-native.json" ] && { echo "installed already: $SITE"; return 0; }
   # SITE_READY=1: the caller filled $SITE itself (fastgen_fidelity_device.sh: a few wheels, not a stack's parts)
   [ "${SITE_READY:-}" = 1 ] && [ -d "$SITE" ] && return 0
   local t0; t0=$(date +%s)
   PYTHONPATH=$PWD/src python3 -m rlstack.host.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
   echo "install: $(( $(date +%s) - t0 )) s"
+}
+lock12() {  # the first 12 hex digits of the staged lock's hash (parts.json), "nolock" without one
+  python3 -c "import json,sys
+try: print(json.load(open(sys.argv[1]))['lock_hash'][:12])
+except (OSError, KeyError, ValueError): print('nolock')" "$STASH/$stack/parts.json"
+}
+# Why carry compiled kernels between leases: every lease starts a bare machine, and a cold vLLM start of the fp8
+# stack spent ~100 s of device time in FlashInfer's nvcc JIT and 65 s in torch.compile (8.8 s warm), every lease.
+# Unpacked after the wheels and with the time of unpacking (tar -m): FlashInfer runs ninja on every load, which
+# rebuilds what is older than its sources, and the sources were just installed.
+restore_cache() {
+  local src=$STASH/kc-in-$stack man lock
+  man=$(ls "$src"/kc-"$stack"-*.sha256 2>/dev/null | head -1)
+  [ -n "$man" ] || return 0
+  [ -f "$RLSTACK_KERNEL_CACHE/.rlstack-restored" ] && return 0
+  lock=$(lock12)
+  case "${man##*/}" in
+    kc-"$stack"-"$lock".sha256) ;;
+    *) echo "kernel cache not used: ${man##*/} is of another lock than this one ($lock)"; return 0 ;;
+  esac
+  (cd "$src" && sha256sum -c --quiet "${man##*/}") > /dev/null 2>&1 || {
+    echo "kernel cache not used: chunks missing or damaged (carry .stage/kernel-cache/$stack again):" \
+      "$(cd "$src" && sha256sum -c "${man##*/}" 2>&1 | grep -v ': OK$' | cut -d: -f1 | tr '\n' ' ')"
+    return 0; }
+  mkdir -p "$RLSTACK_KERNEL_CACHE"
+  local unpack=gzip; case "$(head -1 "$man")" in *.xz.*) unpack=xz ;; esac
+  local t0; t0=$(date +%s)
+  # the chunks in the manifest's order (cat of a glob would sort kc-...-10 before kc-...-2 past 1,000 chunks)
+  (cd "$src" && cat $(awk '{print $2}' "${man##*/}")) | "$unpack" -dc | tar -C "$RLSTACK_KERNEL_CACHE" -xmf - \
+    || { echo "kernel cache not used: unpacking failed" >&2; return 0; }
+  touch "$RLSTACK_KERNEL_CACHE/.rlstack-restored"
+  echo "kernel cache restored from ${man##*/}: $(du -sh "$RLSTACK_KERNEL_CACHE" | cut -f1) in $(( $(date +%s) - t0 )) s"
 }
 pack_logs() { tar -C "$LOGS" -czf "$OUT/logs-$stack.tgz" . ; }
 case "$cmd" in
@@ -42,6 +82,14 @@ case "$cmd" in
       [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/$stack/${f##*/}" 2>/dev/null)" ] || cp "$f" "$STASH/$stack/" || exit 1
     done
     cp .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
+    # compiled kernels of an earlier lease (keep-cache), where they were carried too
+    if ls .stage/kernel-cache/"$stack"/kc-* > /dev/null 2>&1; then
+      mkdir -p "$STASH/kc-in-$stack"
+      for f in .stage/kernel-cache/"$stack"/kc-*; do
+        [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/kc-in-$stack/${f##*/}" 2>/dev/null)" ] \
+          || cp "$f" "$STASH/kc-in-$stack/" || exit 1
+      done
+    fi
     have=$(ls "$STASH/$stack" | grep -c '^part-')
     # the parts not here yet (or of another size: a stale part of another lock), by name: a machine released
     # between two calls (idle > 30 s) starts empty, and the parts carried before are gone; this says which to
@@ -49,7 +97,36 @@ case "$cmd" in
     missing=$(python3 -c "import json,os,sys;d=sys.argv[1];f=lambda p:os.path.join(d,p['name'])
 print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))['parts'] if not os.path.exists(f(p))
       or os.path.getsize(f(p)) != p.get('size', os.path.getsize(f(p)))))" "$STASH/$stack")
-    echo "stash $stack: $have parts here${missing:+; missing: $missing}" ;;
+    kc=""
+    man=$(ls "$STASH/kc-in-$stack"/kc-"$stack"-*.sha256 2>/dev/null | head -1)
+    if [ -n "$man" ]; then
+      absent=$(awk '{print $2}' "$man" | while read -r c; do [ -f "$STASH/kc-in-$stack/$c" ] || printf '%s ' "$c"; done)
+      kc="; kernel cache ${man##*/}${absent:+, missing: ${absent% }}"
+    fi
+    echo "stash $stack: $have parts here${missing:+; missing: $missing}$kc" ;;
+  keep-cache)
+    group=${1:-0}; shift $(( $# > 0 ? 1 : 0 ))
+    case "$group" in *[!0-9]*|'') echo "keep-cache $stack N [DIR...]: N is a call number (0, 1, ...)" >&2; exit 2 ;; esac
+    [ -d "$RLSTACK_KERNEL_CACHE" ] || { echo "no kernel cache at $RLSTACK_KERNEL_CACHE: nothing compiled here yet" >&2; exit 2; }
+    lock=$(lock12); PK=$STASH/kc-out-$stack; name=kc-$stack-$lock
+    if [ "$group" = 0 ] || [ ! -f "$PK/$name.sha256" ]; then
+      rm -rf "$PK"; mkdir -p "$PK"
+      (cd "$RLSTACK_KERNEL_CACHE" && du -sh -- * */* 2>/dev/null | sort -h | tail -12)  # what is worth keeping
+      if command -v xz > /dev/null; then ext=xz; pack="xz -T0 -3"; else ext=gz; pack="gzip -1"; fi
+      # the unpack marker stays behind: a restored cache kept again is a new cache for the next machine
+      tar -C "$RLSTACK_KERNEL_CACHE" --exclude=./.rlstack-restored -cf - "${@:-.}" | $pack \
+        | split -b "${KC_CHUNK:-15M}" -d -a 3 - "$PK/$name.tar.$ext." || { echo "packing failed" >&2; exit 1; }
+      (cd "$PK" && sha256sum "$name".tar.* > "$name.sha256.tmp" && mv "$name.sha256.tmp" "$name.sha256") || exit 1
+    fi
+    n=$(wc -l < "$PK/$name.sha256"); last=$(( (n + 2) / 3 - 1 ))
+    [ "$group" -le "$last" ] || { echo "keep-cache $stack: $n chunks, calls 0..$last" >&2; exit 2; }
+    cp "$PK/$name.sha256" "$OUT/"
+    awk '{print $2}' "$PK/$name.sha256" | sed -n "$(( group * 3 + 1 )),$(( group * 3 + 3 ))p" \
+      | while read -r c; do cp "$PK/$c" "$OUT/" || exit 1; done || exit 1
+    to=$(( group * 3 + 2 < n - 1 ? group * 3 + 2 : n - 1 ))
+    echo "kernel cache $name: $n chunks ($(du -ch "$PK"/"$name".tar.* | tail -1 | cut -f1)); this call brought" \
+      "chunks $(( group * 3 ))-$to and the manifest$( [ "$group" -lt "$last" ] \
+      && echo "; next: keep-cache $stack $(( group + 1 ))" || echo "; that was the last call")" ;;
   run)
     install
     export PYTHONPATH=$SITE:$PWD/src

@@ -45,3 +45,113 @@ def test_stash_copies_only_the_parts_it_does_not_have(tmp_path: Path) -> None:
     (stage / "part-001").write_bytes(b"1")
     assert _stash(tmp_path, stash) == "stash x: 2 parts here"
     assert (stash / "x" / "part-000").stat().st_mtime == 1_000_000_000  # not copied again
+
+
+def _sh(work: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", "STASH": str(work / "stash"), "OUT": str(work / "out"),
+            "SITE": str(work / "site"), "SITE_READY": "1"}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=work, capture_output=True, text=True,
+                          env=base | env)
+
+
+def _lease(tmp: Path, lock: str) -> Path:
+    """A fresh device machine's layout: the stack's parts.json stashed (its lock), the site installed."""
+    (tmp / "stash" / "x").mkdir(parents=True)
+    (tmp / "stash" / "x" / "parts.json").write_text(json.dumps({"lock_hash": lock, "parts": []}))
+    (tmp / "site").mkdir()
+    return tmp
+
+
+def _keep(tmp: Path) -> list[Path]:
+    """keep-cache on one machine until the last call, each call's $OUT copied to .stage/kernel-cache/x as the host
+    does with the files that come back; returns what reached the host."""
+    import os
+    import shutil
+
+    host = tmp / "host" / ".stage" / "kernel-cache" / "x"
+    host.mkdir(parents=True)
+    call = 0
+    while True:
+        out = tmp / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        proc = _sh(tmp, "keep-cache", "x", str(call), KC_CHUNK="2K")
+        assert proc.returncode == 0, proc.stderr
+        assert len(os.listdir(out)) <= 4  # the manifest and 3 chunks: under the 8 files a call brings back
+        for f in out.iterdir():
+            shutil.copy(f, host)
+        if "that was the last call" in proc.stdout:
+            return sorted(host.iterdir())
+        assert f"next: keep-cache x {call + 1}" in proc.stdout
+        call += 1
+
+
+def test_compiled_kernels_travel_to_the_next_lease_and_unpack_newer_than_the_wheels(tmp_path: Path) -> None:
+    """What one lease compiled (FlashInfer's JIT, torch.compile) comes back in chunks and is unpacked on the next
+    machine after its wheels, stamped with the time of unpacking: FlashInfer runs ninja on every load, which would
+    rebuild anything older than the sources just installed."""
+    import os
+
+    first = _lease(tmp_path / "a", "ab" * 32)
+    cache = first / "stash" / "kernel-cache-x" / "native" / "flashinfer" / "cached_ops" / "sampling"
+    cache.mkdir(parents=True)
+    (cache / "sampling.so").write_bytes(os.urandom(7000))  # incompressible: several 2 KiB chunks, two calls
+    os.utime(cache / "sampling.so", (1_000_000_000, 1_000_000_000))
+    carried = _keep(first)
+    assert [p.name for p in carried if p.suffix == ".sha256"] == [f"kc-x-{'ab' * 6}.sha256"]
+    assert len(carried) > 4  # more than one call's worth
+
+    second = _lease(tmp_path / "b", "ab" * 32)
+    (second / ".stage").symlink_to(first / "host" / ".stage")
+    (second / ".stage" / "x").mkdir(exist_ok=True)
+    (second / ".stage" / "x" / "parts.json").write_text(json.dumps({"lock_hash": "ab" * 32, "parts": []}))
+    stash = _sh(second, "stash", "x")
+    assert stash.returncode == 0, stash.stderr
+    assert f"kernel cache kc-x-{'ab' * 6}.sha256" in stash.stdout and "missing" not in stash.stdout
+    run = _sh(second, "py", "x", "-c", "pass")
+    assert run.returncode == 0, run.stderr
+    assert "kernel cache restored" in run.stdout
+    got = second / "stash" / "kernel-cache-x" / "native" / "flashinfer" / "cached_ops" / "sampling" / "sampling.so"
+    assert got.read_bytes() == (cache / "sampling.so").read_bytes()
+    assert got.stat().st_mtime > 1_000_000_000 + 10**8
+    assert "restored" not in _sh(second, "py", "x", "-c", "pass").stdout  # once a machine
+
+
+def test_a_kernel_cache_of_another_lock_or_with_a_chunk_missing_is_not_unpacked(tmp_path: Path) -> None:
+    import os
+
+    first = _lease(tmp_path / "a", "cd" * 32)
+    (first / "stash" / "kernel-cache-x" / "k").mkdir(parents=True)
+    (first / "stash" / "kernel-cache-x" / "k" / "m.so").write_bytes(os.urandom(5000))
+    carried = _keep(first)
+
+    other = _lease(tmp_path / "b", "ef" * 32)  # the stack was staged again at another lock
+    (other / "stash" / "kc-in-x").mkdir()
+    for f in carried:
+        (other / "stash" / "kc-in-x" / f.name).write_bytes(f.read_bytes())
+    run = _sh(other, "py", "x", "-c", "pass")
+    assert "not used" in run.stdout and "another lock" in run.stdout
+    assert not (other / "stash" / "kernel-cache-x" / "k").exists()
+
+    same = _lease(tmp_path / "c", "cd" * 32)
+    (same / "stash" / "kc-in-x").mkdir()
+    chunks = [f for f in carried if f.suffix != ".sha256"]
+    for f in carried:
+        if f != chunks[1]:
+            (same / "stash" / "kc-in-x" / f.name).write_bytes(f.read_bytes())
+    run = _sh(same, "py", "x", "-c", "pass")
+    assert run.returncode == 0
+    assert "chunks missing or damaged" in run.stdout and chunks[1].name in run.stdout
+    assert not (same / "stash" / "kernel-cache-x" / "k").exists()
+
+
+def test_keep_cache_refuses_a_call_number_past_the_last(tmp_path: Path) -> None:
+    lease = _lease(tmp_path, "12" * 32)
+    (lease / "stash" / "kernel-cache-x").mkdir()
+    (lease / "stash" / "kernel-cache-x" / "f").write_text("x")
+    (lease / "out").mkdir()
+    assert _sh(lease, "keep-cache", "x", "0").returncode == 0
+    bad = _sh(lease, "keep-cache", "x", "5")
+    assert bad.returncode == 2 and "calls 0..0" in bad.stderr
+    assert _sh(lease, "keep-cache", "x", "one").returncode == 2
+    assert "nothing compiled" in _sh(lease, "keep-cache", "y", "0").stderr
