@@ -22,7 +22,8 @@
 #                                                   the manifest and chunks 3N..3N+2 (15 MiB each) to $OUT. Here:
 #                                                   put them in .stage/kernel-cache/STACK/; the next lease's stash
 #                                                   (carry that folder) copies them, and install unpacks them once
-#                                                   (checked against the manifest and the lock) after the wheels
+#                                                   (checked against the manifest and the lock) after the wheels,
+#                                                   which it dates back (see restore_cache)
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
 set -u
 cmd=${1:?stash, run, one, py, probe, bg, wait or keep-cache}; stack=${2:?stack}; shift 2
@@ -48,8 +49,10 @@ except (OSError, KeyError, ValueError): print('nolock')" "$STASH/$stack/parts.js
 }
 # Why carry compiled kernels between leases: every lease starts a bare machine, and a cold vLLM start of the fp8
 # stack spent ~100 s of device time in FlashInfer's nvcc JIT and 65 s in torch.compile (8.8 s warm), every lease.
-# Unpacked after the wheels and with the time of unpacking (tar -m): FlashInfer runs ninja on every load, which
-# rebuilds what is older than its sources, and the sources were just installed.
+# Times matter to one of them: FlashInfer runs ninja on every load, and ninja rebuilds an output older than an
+# input (sources and headers, many in the wheels just installed) or whose mtime in .ninja_log is. So the chunks
+# keep their files' times to the nanosecond (pax), and the installed wheels are dated back to 2001 before
+# unpacking: older than anything compiled from them. (torch.compile's, Triton's and vLLM's caches go by hashes.)
 restore_cache() {
   local src=$STASH/kc-in-$stack man lock
   man=$(ls "$src"/kc-"$stack"-*.sha256 2>/dev/null | head -1)
@@ -67,8 +70,9 @@ restore_cache() {
   mkdir -p "$RLSTACK_KERNEL_CACHE"
   local unpack=gzip; case "$(head -1 "$man")" in *.xz.*) unpack=xz ;; esac
   local t0; t0=$(date +%s)
+  [ -d "$SITE" ] && find "$SITE" -exec touch -h -d @978307200 {} +
   # the chunks in the manifest's order (cat of a glob would sort kc-...-10 before kc-...-2 past 1,000 chunks)
-  (cd "$src" && cat $(awk '{print $2}' "${man##*/}")) | "$unpack" -dc | tar -C "$RLSTACK_KERNEL_CACHE" -xmf - \
+  (cd "$src" && cat $(awk '{print $2}' "${man##*/}")) | "$unpack" -dc | tar -C "$RLSTACK_KERNEL_CACHE" -xf - \
     || { echo "kernel cache not used: unpacking failed" >&2; return 0; }
   touch "$RLSTACK_KERNEL_CACHE/.rlstack-restored"
   echo "kernel cache restored from ${man##*/}: $(du -sh "$RLSTACK_KERNEL_CACHE" | cut -f1) in $(( $(date +%s) - t0 )) s"
@@ -114,7 +118,7 @@ print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))[
       (cd "$RLSTACK_KERNEL_CACHE" && du -sh -- * */* 2>/dev/null | sort -h | tail -12)  # what is worth keeping
       if command -v xz > /dev/null; then ext=xz; pack="xz -T0 -3"; else ext=gz; pack="gzip -1"; fi
       # the unpack marker stays behind: a restored cache kept again is a new cache for the next machine
-      tar -C "$RLSTACK_KERNEL_CACHE" --exclude=./.rlstack-restored -cf - "${@:-.}" | $pack \
+      tar -C "$RLSTACK_KERNEL_CACHE" --format=posix --exclude=./.rlstack-restored -cf - "${@:-.}" | $pack \
         | split -b "${KC_CHUNK:-15M}" -d -a 3 - "$PK/$name.tar.$ext." || { echo "packing failed" >&2; exit 1; }
       (cd "$PK" && sha256sum "$name".tar.* > "$name.sha256.tmp" && mv "$name.sha256.tmp" "$name.sha256") || exit 1
     fi

@@ -86,22 +86,27 @@ def _keep(tmp: Path) -> list[Path]:
         call += 1
 
 
-def test_compiled_kernels_travel_to_the_next_lease_and_unpack_newer_than_the_wheels(tmp_path: Path) -> None:
+def test_compiled_kernels_travel_to_the_next_lease_newer_than_the_wheels_they_came_from(tmp_path: Path) -> None:
     """What one lease compiled (FlashInfer's JIT, torch.compile) comes back in chunks and is unpacked on the next
-    machine after its wheels, stamped with the time of unpacking: FlashInfer runs ninja on every load, which would
-    rebuild anything older than the sources just installed."""
+    machine after its wheels: FlashInfer runs ninja on every load, which rebuilds an output older than an input or
+    than its time in .ninja_log, so the files keep their times to the nanosecond and the wheels just installed
+    are dated back before them."""
     import os
 
     first = _lease(tmp_path / "a", "ab" * 32)
     cache = first / "stash" / "kernel-cache-x" / "native" / "flashinfer" / "cached_ops" / "sampling"
     cache.mkdir(parents=True)
     (cache / "sampling.so").write_bytes(os.urandom(7000))  # incompressible: several 2 KiB chunks, two calls
-    os.utime(cache / "sampling.so", (1_000_000_000, 1_000_000_000))
+    built_ns = 1_764_000_000_123_456_789
+    os.utime(cache / "sampling.so", ns=(built_ns, built_ns))
     carried = _keep(first)
     assert [p.name for p in carried if p.suffix == ".sha256"] == [f"kc-x-{'ab' * 6}.sha256"]
     assert len(carried) > 4  # more than one call's worth
 
     second = _lease(tmp_path / "b", "ab" * 32)
+    header = second / "site" / "flashinfer" / "data" / "include" / "sampling.cuh"
+    header.parent.mkdir(parents=True)
+    header.write_text("installed in this lease")
     (second / ".stage").symlink_to(first / "host" / ".stage")
     (second / ".stage" / "x").mkdir(exist_ok=True)
     (second / ".stage" / "x" / "parts.json").write_text(json.dumps({"lock_hash": "ab" * 32, "parts": []}))
@@ -113,7 +118,8 @@ def test_compiled_kernels_travel_to_the_next_lease_and_unpack_newer_than_the_whe
     assert "kernel cache restored" in run.stdout
     got = second / "stash" / "kernel-cache-x" / "native" / "flashinfer" / "cached_ops" / "sampling" / "sampling.so"
     assert got.read_bytes() == (cache / "sampling.so").read_bytes()
-    assert got.stat().st_mtime > 1_000_000_000 + 10**8
+    assert got.stat().st_mtime_ns == built_ns
+    assert header.stat().st_mtime_ns < built_ns
     assert "restored" not in _sh(second, "py", "x", "-c", "pass").stdout  # once a machine
 
 
