@@ -869,17 +869,21 @@ def test_host_reads_are_detected() -> None:
     assert reads.seen == ["_local_scalar_dense", "nonzero"]
 
 
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("lora", [False, True])
-def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatch, lora: bool) -> None:
+def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatch, lora: bool, padded: bool) -> None:
     """What lets reference_kernels capture transformers' eager step into a CUDA graph (on CUDA, where this test
     cannot run): its decode step asks the device for no value, under the installed transformers (5.x and 4.57
     build the static cache's mask without the padding check that reads one). Why a test: a transformers release
-    that adds such a read breaks capture, and the GPU then launches every kernel from Python (graph_error)."""
+    that adds such a read breaks capture, and the GPU then launches every kernel from Python (graph_error).
+    Unpadded too: GRPO's G generations of one prompt have no padding, the case a "mask all ones?" check is for."""
     model = _tiny(10)
     if lora:
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
                                                            init_lora_weights=False)).eval()
     ids, mask = _prompts(10)
+    if not padded:
+        mask = torch.ones_like(mask)
     engine = fastgen.get_engine(model, reference_kernels=True)
     calls: list[list[str]] = []
     real = engine._decode
