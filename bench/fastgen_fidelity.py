@@ -216,6 +216,9 @@ def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlstack.payload import kernelcache
+
+    kernelcache.apply()  # before torch: with RLSTACK_KERNEL_CACHE set, compiled kernels can go to the next lease
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

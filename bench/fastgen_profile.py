@@ -540,6 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     options = common.engine_options(a.engine_option)
     variants = common.variants(a.variant, options)
     lengths = tuple(int(n) for n in a.attention_lengths.split(",") if n)
+    from rlstack.payload import kernelcache
+
+    # before torch: with RLSTACK_KERNEL_CACHE set (fastgen_fidelity_device.sh), inductor's and Triton's output for
+    # each variant's step (about a minute of compiling) can go to the next lease (native_probe.sh keep-cache)
+    kernelcache.apply()
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -16,6 +16,8 @@
 #                                                   from its own copy of the tree ($STASH/bg-STACK/tree)
 #   bash bench/native_probe.sh wait STACK [S]       wait up to S s (default 560) for it; when it has ended, its exit
 #                                                   code, and what it wrote under its own $OUT copied to this $OUT
+#   bash bench/native_probe.sh cache STACK           the carried kernel cache alone: stashed and unpacked (for jobs
+#                                                   that install their own wheels: fastgen_fidelity_device.sh)
 #   bash bench/native_probe.sh keep-cache STACK [N] [DIR...]
 #                                                   the kernels this machine compiled ($RLSTACK_KERNEL_CACHE, or
 #                                                   its DIRs), packed for the next lease: call N (0, 1, ...) brings
@@ -26,7 +28,7 @@
 #                                                   which it dates back (see restore_cache)
 # Full logs of every probe go into $OUT/logs-STACK.tgz (the report keeps their tails).
 set -u
-cmd=${1:?stash, run, one, py, probe, bg, wait or keep-cache}; stack=${2:?stack}; shift 2
+cmd=${1:?stash, run, one, py, probe, bg, wait, cache or keep-cache}; stack=${2:?stack}; shift 2
 STASH=${STASH:-/root/stash}; OUT=${OUT:-/tmp/out}; SITE=${SITE:-/tmp/site-$stack}; LOGS=/tmp/probe-logs-$stack
 mkdir -p "$STASH/$stack" "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RLSTACK_PROBE_LOGDIR=$LOGS
@@ -77,6 +79,22 @@ restore_cache() {
   touch "$RLSTACK_KERNEL_CACHE/.rlstack-restored"
   echo "kernel cache restored from ${man##*/}: $(du -sh "$RLSTACK_KERNEL_CACHE" | cut -f1) in $(( $(date +%s) - t0 )) s"
 }
+stash_cache() {  # compiled kernels of an earlier lease (keep-cache), where they were carried too
+  ls .stage/kernel-cache/"$stack"/kc-* > /dev/null 2>&1 || return 0
+  mkdir -p "$STASH/kc-in-$stack" || return 1
+  local f
+  for f in .stage/kernel-cache/"$stack"/kc-*; do
+    [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/kc-in-$stack/${f##*/}" 2>/dev/null)" ] \
+      || cp "$f" "$STASH/kc-in-$stack/" || return 1
+  done
+}
+cache_state() {  # "; kernel cache NAME[, missing: CHUNKS]" where one was stashed, else nothing
+  local man absent
+  man=$(ls "$STASH/kc-in-$stack"/kc-"$stack"-*.sha256 2>/dev/null | head -1)
+  [ -n "$man" ] || return 0
+  absent=$(awk '{print $2}' "$man" | while read -r c; do [ -f "$STASH/kc-in-$stack/$c" ] || printf '%s ' "$c"; done)
+  echo "; kernel cache ${man##*/}${absent:+, missing: ${absent% }}"
+}
 pack_logs() { tar -C "$LOGS" -czf "$OUT/logs-$stack.tgz" . ; }
 case "$cmd" in
   stash)
@@ -86,14 +104,7 @@ case "$cmd" in
       [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/$stack/${f##*/}" 2>/dev/null)" ] || cp "$f" "$STASH/$stack/" || exit 1
     done
     cp .stage/"$stack"/parts.json "$STASH/$stack/" || exit 1
-    # compiled kernels of an earlier lease (keep-cache), where they were carried too
-    if ls .stage/kernel-cache/"$stack"/kc-* > /dev/null 2>&1; then
-      mkdir -p "$STASH/kc-in-$stack"
-      for f in .stage/kernel-cache/"$stack"/kc-*; do
-        [ "$(stat -c %s "$f")" = "$(stat -c %s "$STASH/kc-in-$stack/${f##*/}" 2>/dev/null)" ] \
-          || cp "$f" "$STASH/kc-in-$stack/" || exit 1
-      done
-    fi
+    stash_cache || exit 1
     have=$(ls "$STASH/$stack" | grep -c '^part-')
     # the parts not here yet (or of another size: a stale part of another lock), by name: a machine released
     # between two calls (idle > 30 s) starts empty, and the parts carried before are gone; this says which to
@@ -101,13 +112,12 @@ case "$cmd" in
     missing=$(python3 -c "import json,os,sys;d=sys.argv[1];f=lambda p:os.path.join(d,p['name'])
 print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))['parts'] if not os.path.exists(f(p))
       or os.path.getsize(f(p)) != p.get('size', os.path.getsize(f(p)))))" "$STASH/$stack")
-    kc=""
-    man=$(ls "$STASH/kc-in-$stack"/kc-"$stack"-*.sha256 2>/dev/null | head -1)
-    if [ -n "$man" ]; then
-      absent=$(awk '{print $2}' "$man" | while read -r c; do [ -f "$STASH/kc-in-$stack/$c" ] || printf '%s ' "$c"; done)
-      kc="; kernel cache ${man##*/}${absent:+, missing: ${absent% }}"
-    fi
-    echo "stash $stack: $have parts here${missing:+; missing: $missing}$kc" ;;
+    echo "stash $stack: $have parts here${missing:+; missing: $missing}$(cache_state)" ;;
+  cache)
+    # the kernel cache alone, for a job that installs its own wheels (fastgen_fidelity_device.sh)
+    stash_cache || exit 1
+    echo "kernel cache of $stack${RLSTACK_KERNEL_CACHE:+ at $RLSTACK_KERNEL_CACHE}$(cache_state)"
+    restore_cache ;;
   keep-cache)
     group=${1:-0}; shift $(( $# > 0 ? 1 : 0 ))
     case "$group" in *[!0-9]*|'') echo "keep-cache $stack N [DIR...]: N is a call number (0, 1, ...)" >&2; exit 2 ;; esac

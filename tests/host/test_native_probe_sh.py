@@ -161,3 +161,24 @@ def test_keep_cache_refuses_a_call_number_past_the_last(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "calls 0..0" in bad.stderr
     assert _sh(lease, "keep-cache", "x", "one").returncode == 2
     assert "nothing compiled" in _sh(lease, "keep-cache", "y", "0").stderr
+
+
+def test_the_cache_verb_stashes_and_unpacks_for_a_job_with_wheels_of_its_own(tmp_path: Path) -> None:
+    """fastgen_fidelity_device.sh installs its own few wheels (no parts, no lock): `cache` alone brings the
+    carried chunks in and unpacks them, once."""
+    import os
+
+    first = _lease(tmp_path / "a", "nolock")
+    (first / "stash" / "kernel-cache-x" / "inductor").mkdir(parents=True)
+    (first / "stash" / "kernel-cache-x" / "inductor" / "step.py").write_bytes(os.urandom(3000))
+    (first / "stash" / "x" / "parts.json").unlink()  # as for the fidelity job: no stack parts at all
+    _keep(first)
+    second = tmp_path / "b"
+    (second / "site").mkdir(parents=True)
+    (second / ".stage").symlink_to(first / "host" / ".stage")
+    got = _sh(second, "cache", "x")
+    assert got.returncode == 0, got.stderr
+    assert "kernel cache kc-x-nolock.sha256" in got.stdout and "restored" in got.stdout
+    assert (second / "stash" / "kernel-cache-x" / "inductor" / "step.py").read_bytes() == \
+        (first / "stash" / "kernel-cache-x" / "inductor" / "step.py").read_bytes()
+    assert "restored" not in _sh(second, "cache", "x").stdout
