@@ -74,8 +74,8 @@ restore_cache() {
   local t0; t0=$(date +%s)
   [ -d "$SITE" ] && find "$SITE" -exec touch -h -d @978307200 {} +
   # the chunks in the manifest's order (cat of a glob would sort kc-...-10 before kc-...-2 past 1,000 chunks)
-  (cd "$src" && cat $(awk '{print $2}' "${man##*/}")) | "$unpack" -dc | tar -C "$RLSTACK_KERNEL_CACHE" -xf - \
-    || { echo "kernel cache not used: unpacking failed" >&2; return 0; }
+  (set -o pipefail; cd "$src" && cat $(awk '{print $2}' "${man##*/}") | "$unpack" -dc \
+    | tar -C "$RLSTACK_KERNEL_CACHE" -xf -) || { echo "kernel cache not used: unpacking failed" >&2; return 0; }
   touch "$RLSTACK_KERNEL_CACHE/.rlstack-restored"
   echo "kernel cache restored from ${man##*/}: $(du -sh "$RLSTACK_KERNEL_CACHE" | cut -f1) in $(( $(date +%s) - t0 )) s"
 }
@@ -128,8 +128,10 @@ print(' '.join(p['name'] for p in json.load(open(os.path.join(d,'parts.json')))[
       (cd "$RLSTACK_KERNEL_CACHE" && du -sh -- * */* 2>/dev/null | sort -h | tail -12)  # what is worth keeping
       if command -v xz > /dev/null; then ext=xz; pack="xz -T0 -3"; else ext=gz; pack="gzip -1"; fi
       # the unpack marker stays behind: a restored cache kept again is a new cache for the next machine
-      tar -C "$RLSTACK_KERNEL_CACHE" --format=posix --exclude=./.rlstack-restored -cf - "${@:-.}" | $pack \
-        | split -b "${KC_CHUNK:-15M}" -d -a 3 - "$PK/$name.tar.$ext." || { echo "packing failed" >&2; exit 1; }
+      # pipefail: a folder that is not there must fail the packing, not leave a cache cut short
+      (set -o pipefail; tar -C "$RLSTACK_KERNEL_CACHE" --format=posix --exclude=./.rlstack-restored -cf - "${@:-.}" \
+        | $pack | split -b "${KC_CHUNK:-15M}" -d -a 3 - "$PK/$name.tar.$ext.") \
+        || { rm -rf "$PK"; echo "packing failed" >&2; exit 1; }
       (cd "$PK" && sha256sum "$name".tar.* > "$name.sha256.tmp" && mv "$name.sha256.tmp" "$name.sha256") || exit 1
     fi
     n=$(wc -l < "$PK/$name.sha256"); last=$(( (n + 2) / 3 - 1 ))

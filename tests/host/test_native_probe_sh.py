@@ -161,6 +161,9 @@ def test_keep_cache_refuses_a_call_number_past_the_last(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "calls 0..0" in bad.stderr
     assert _sh(lease, "keep-cache", "x", "one").returncode == 2
     assert "nothing compiled" in _sh(lease, "keep-cache", "y", "0").stderr
+    missing = _sh(lease, "keep-cache", "x", "0", "no-such-folder")  # a typo in a DIR: nothing half-packed
+    assert missing.returncode == 1 and "packing failed" in missing.stderr
+    assert not (lease / "stash" / "kc-out-x").exists()
 
 
 def test_the_cache_verb_stashes_and_unpacks_for_a_job_with_wheels_of_its_own(tmp_path: Path) -> None:
