@@ -68,13 +68,18 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     compile error, shows here first."""
     from rlstack.payload.fastgen import split_attention as sa
 
-    splits = sa.splits_for(batch, 8, 768)
-    const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
-             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits)}
+    every = sa.splits_for(batch, 8, 768)
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-             "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
-    use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS)
-    assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
+             "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    # every filled slot at once; and shared_prompt's two passes (the prompt once for 4 sequences, then the rest)
+    r = sa.rows_per_entry(4)
+    s1 = sa.splits_for(batch // r, 8, 768)
+    for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
+        const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+                 "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
+                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits}
+        use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS)
+        assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
 
 
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
@@ -116,6 +121,25 @@ def test_the_split_k_gemm_is_refused_off_cuda_and_without_the_merged_shadow(monk
         fastgen.FastGenerator(lora, compile=False, skinny_gemm=True, merge_lora=False)
 
 
+def test_sequences_of_one_prompt_are_found_and_tabled_for_the_prompt_pass() -> None:
+    from rlstack.payload.fastgen import split_attention as sa
+
+    ids = torch.tensor([[1, 2], [5, 6], [1, 2], [1, 2], [0, 2], [1, 2], [1, 2]])
+    mask = torch.ones_like(ids)
+    mask[4, 0] = 0  # [0, 2] left-padded: another prompt than any [1, 2]
+    entries = sa.prompt_groups(ids, mask, 4)
+    assert entries == [[0, 2, 3, 5], [6], [1], [4]]  # a group of five: two reads; first appearances in order
+    assert sa.entry_table(entries, 7, 4) == [[0, 2, 3, 5], [6, -1, -1, -1], [1, -1, -1, -1], [4, -1, -1, -1],
+                                             [-1] * 4, [-1] * 4, [-1] * 4]
+    assert sa.rows_per_entry(4) == 4 and sa.rows_per_entry(1) == 16 and sa.rows_per_entry(32) == 1
+
+
+def test_shared_prompt_without_the_triton_attention_is_refused() -> None:
+    with pytest.raises(fastgen.FastgenError, match="shared_prompt .* triton decode attention") as err:
+        fastgen.FastGenerator(_tiny(), compile=False, shared_prompt=True)
+    assert "decode_attention='triton'" in str(err.value)
+
+
 def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused() -> None:
     with pytest.raises(fastgen.FastgenError, match="unknown decode_attention 'flex'"):
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="flex")  # retired on 2026-12-04
@@ -123,7 +147,9 @@ def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused()
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", gqa_attention=False)
 
 
-def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shared_prompt", [False, True], ids=["every-slot", "prompt-once-a-group"])
+def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch,
+                                                                         shared_prompt: bool) -> None:
     """What torch.compile makes of the decode step with both kernels (decode_attention="triton", skinny_gemm),
     traced on the host as on an sm_90 GPU: dynamo takes each kernel call as a user-defined Triton kernel inside
     one graph (fullgraph: no break around it), and functionalization, which reads the kernels' TTIR to find what
@@ -131,7 +157,8 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     weight) every step: on the 4B shape at 64 sequences, GBs a step, which only a GPU profile would show.
     Tracing only: the backend stops before inductor (no GPU to compile or run for). On a CPU dynamo treats a
     Triton kernel as plain Python unless torch reports triton usable, and Triton's TTIR needs a target: both
-    are supplied here, as an H200 would."""
+    are supplied here, as an H200 would. With shared_prompt the attention is two kernel calls a layer, reading
+    the loop's entry table and prompt length in place."""
     pytest.importorskip("triton")
     peft = pytest.importorskip("peft")
     import torch._dynamo
@@ -160,7 +187,8 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     monkeypatch.setattr(triton_support, "available", lambda *args: None)
     monkeypatch.setattr(driver, "_active", _Hopper())
     model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
-    engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton", skinny_gemm=True)
+    engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton", skinny_gemm=True,
+                                   shared_prompt=shared_prompt)
     batch, length = 3, 128
     engine._reserve(batch, length)
     engine._shadow.refresh()
@@ -179,7 +207,7 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     try:
         with torch.no_grad(), pytest.raises(Exception, match="_Traced"):
             torch.compile(engine._decode, backend=aot_autograd(fw_compiler=keep), fullgraph=True,
-                          dynamic=False)(loop.tok, mask, loop.pos, cache, loop.slot, None)
+                          dynamic=False)(loop.tok, mask, loop.pos, cache, loop.slot, None, engine._groups(loop))
     finally:
         torch._dynamo.reset()
     assert len(graphs) == 1 and engine.skinny_gemms == 4  # o_proj and down_proj of both layers
@@ -188,4 +216,4 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     code = graphs[0].code
     calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
     clones = sorted({name.strip(" '") for call in calls for name in call.split(",")})
-    assert len(calls) == 2 + 4 and clones == ["lse_ptr", "o_ptr", "p_ptr"], calls
+    assert len(calls) == 2 * (2 if shared_prompt else 1) + 4 and clones == ["lse_ptr", "o_ptr", "p_ptr"], calls

@@ -60,6 +60,42 @@ def test_the_kernel_attends_as_the_matmul_kernel_and_reads_nothing_after_the_slo
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(("h", "kv"), [(8, 2), (4, 4), (12, 2)], ids=["gqa4-four-a-read", "mha-16-a-read",
+                                                                     "gqa6-two-a-read"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_prompt_read_once_a_group_attends_as_every_row_reading_its_own(h: int, kv: int,
+                                                                         dtype: torch.dtype) -> None:
+    """shared_prompt: rows 0-4 share a prompt (two entries where a read serves fewer than five, one where it
+    serves 16), rows 5 and 6 have prompts of their own, left-padded differently. The prompt's slots of every row
+    that is not the first of its entry hold NaN: the pass over the prompt must read only the entry's first row
+    there, and its output equals every row attending over its own copy (the same values); the slots after
+    `slot` hold NaN for every row, as in the test above."""
+    b, d, length, prompt, slot = 7, 16, 100, 20, 50
+    g = torch.Generator().manual_seed(h * 10 + kv)
+    q = torch.randn(b, h, 1, d, generator=g).to(dtype)
+    k = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    v = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    ids = torch.randint(3, 50, (b, prompt), generator=g)
+    keep = torch.ones(b, length, dtype=torch.bool)
+    keep[:5, :3] = False  # the shared prompt is left-padded by 3, row 6's by 7
+    keep[6, :7] = False
+    ids[1:5] = ids[0]
+    k[1:5, :, :prompt], v[1:5, :, :prompt] = k[0, :, :prompt], v[0, :, :prompt]
+    want = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3)
+    per = split_attention.rows_per_entry(h // kv)
+    entries = split_attention.prompt_groups(ids, keep[:, :prompt].long(), per)
+    assert entries[0] == list(range(min(5, per))) and [5] in entries and [6] in entries
+    firsts = {e[0] for e in entries}
+    for row in range(b):
+        if row not in firsts:
+            k[row, :, :prompt], v[row, :, :prompt] = float("nan"), float("nan")
+    k[:, :, slot + 1:], v[:, :, slot + 1:] = float("nan"), float("nan")
+    table = torch.tensor(split_attention.entry_table(entries, b, per), dtype=torch.int32)
+    got = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, (table, torch.tensor([prompt])))
+    tol = 1e-5 if dtype == torch.float32 else 4e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
 def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
     assert split_attention.splits_for(8, 8, 768) == 8  # 64 (sequence, KV head) pairs x 8 = 512 programs
     assert split_attention.splits_for(64, 8, 768) == 1
@@ -85,6 +121,29 @@ def test_fastgen_with_the_triton_attention_decodes_what_generate_decodes(options
                          pad_token_id=0)
     torch.manual_seed(8)
     assert torch.equal(ref, fastgen.generate(model, ids, mask, 12, do_sample=True, top_k=50, pad_token_id=0))
+
+
+def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes() -> None:
+    """shared_prompt through a LoRA shadow on GRPO's shape (each prompt G times: two prompts x 3, then distinct
+    prompts): generate's greedy and seeded tokens, the loop's table naming the groups."""
+    model = peft.get_peft_model(_tiny(25), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(25)
+    grpo_ids, grpo_mask = ids[[0, 0, 0, 2, 2, 2]], mask[[0, 0, 0, 2, 2, 2]]
+    for i, m in ((grpo_ids, grpo_mask), (ids, mask)):
+        ref = model.generate(input_ids=i, attention_mask=m, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        got = fastgen.generate(model, i, m, 10, do_sample=False, pad_token_id=0, compile=False,
+                               decode_attention="triton", shared_prompt=True)
+        assert torch.equal(ref, got)
+        torch.manual_seed(9)
+        ref = model.generate(input_ids=i, attention_mask=m, max_new_tokens=10, do_sample=True, top_k=50,
+                             pad_token_id=0)
+        torch.manual_seed(9)
+        assert torch.equal(ref, fastgen.generate(model, i, m, 10, do_sample=True, top_k=50, pad_token_id=0))
+    engine = fastgen.get_engine(model)
+    assert engine.shared_prompt and "the prompt read once a group" in engine.describe()
+    loop = engine._loops[(6, 128)]
+    assert loop.entries.tolist()[:2] == [[0, 1, 2, -1, -1, -1, -1, -1], [3, 4, 5, -1, -1, -1, -1, -1]]
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 100, 200), (8, 640, 1024), (16, 64, 64), (1, 130, 4100)],

@@ -13,7 +13,11 @@ Numerics: q, k and v are widened to float32 before each tl.dot (a bf16 value is 
 float32 tl.dot multiplies in on the GPU; and Triton 3.6's CPU interpreter computes bf16 dots wrongly), scores and
 softmax in float32 like the matmul kernel; the result differs from it in the order of the float32 reductions and
 in the probabilities being rounded to TF32 (10 mantissa bits on the GPU) instead of the cache's dtype before they
-weigh V. The kernel is built on first use:
+weigh V. With ``groups`` (``FastGenerator(shared_prompt=True)``) the slots of the prompt are read once per group of rows
+whose prompts are the same (GRPO's G generations of one prompt hold G copies of its K/V): a first pass attends
+the queries of up to ``rows_per_entry(G)`` such rows (each KV head's G query heads pad the dot's 16 rows anyway)
+against one row's copy of the prompt slots, a second pass each row against its own slots after the prompt, and
+both passes' splits are merged together. The kernel is built on first use:
 ``triton.jit`` decides at decoration whether it runs compiled or in Triton's CPU interpreter (TRITON_INTERPRET=1,
 set before triton is imported), which is how the CPU tests run it.
 """
@@ -44,26 +48,48 @@ def kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, o_ptr, lse_ptr,
+    def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr,
                      sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length, scale,
                      KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
-                     ITERS: tl.constexpr):
-        # one program: one sequence, one KV head (its G query heads), one split of the filled slots
+                     ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
+                     TOTAL: tl.constexpr):
+        # one program: one entry (PASS 0 and 2: one sequence; PASS 1: up to R sequences of one prompt, from
+        # rows_ptr [entries, R], -1 where none), one KV head (its G query heads a sequence), one split of the
+        # slots the pass reads: PASS 0 every filled slot, 1 the prompt's (< prefix), 2 those after the prompt
         bk = tl.program_id(0)
         split = tl.program_id(1)
-        b = (bk // KV).to(tl.int64)  # 64-bit offsets: a layer cache of 2**31 elements (4 GiB of bf16) is reachable
+        entry = (bk // KV).to(tl.int64)  # 64-bit offsets: a layer cache of 2**31 elements (4 GiB of bf16) is reachable
         kvh = bk % KV
         filled = tl.minimum(tl.load(slot_ptr) + 1, length)  # the slots written so far, this step's included
-        chunk = tl.cdiv(tl.cdiv(filled, SPLITS), BLOCK) * BLOCK
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, filled)
+        if PASS == 0:
+            begin = filled * 0
+            end = filled
+        elif PASS == 1:
+            begin = filled * 0
+            end = tl.minimum(tl.load(prefix_ptr), filled)
+        else:
+            begin = tl.minimum(tl.load(prefix_ptr), filled)
+            end = filled
+        chunk = tl.cdiv(tl.cdiv(end - begin, SPLITS), BLOCK) * BLOCK
+        lo = begin + split * chunk
+        hi = tl.minimum(lo + chunk, end)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
-        heads = kvh * G + offs_h
-        h_ok = offs_h < G
+        member = offs_h // G  # which of the entry's sequences a row of the q tile is
+        heads = kvh * G + offs_h % G
+        if PASS == 1:
+            rows = tl.load(rows_ptr + entry * R + member, mask=member < R, other=-1).to(tl.int64)
+            b = tl.load(rows_ptr + entry * R).to(tl.int64)  # the sequence whose K/V (and mask) the entry reads
+            hi = tl.where(b >= 0, hi, lo)  # an unused entry reads nothing
+            b = tl.maximum(b, 0)
+        else:
+            rows = tl.where(member < 1, entry, -1)
+            b = entry
+        h_ok = rows >= 0
+        rows = tl.maximum(rows, 0)
         d_ok = offs_d < D
-        q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + offs_d[None, :],
+        q = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + offs_d[None, :],
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -97,8 +123,8 @@ def kernel() -> Any:
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        # partials [B, H, SPLITS, D] and [B, H, SPLITS], contiguous
-        row = (b * (KV * G) + heads) * SPLITS + split
+        # partials [B, H, TOTAL, D] and [B, H, TOTAL], contiguous; this pass's splits from SPLIT0
+        row = (rows * (KV * G) + heads) * TOTAL + SPLIT0 + split
         tl.store(o_ptr + row[:, None] * D + offs_d[None, :], out, mask=h_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + row, lse, mask=h_ok)
 
@@ -119,16 +145,44 @@ def iters_for(length: int, splits: int) -> int:
     return math.ceil(math.ceil(length / splits) / BLOCK_N)
 
 
-def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float) -> Any:
+def rows_per_entry(g: int) -> int:
+    """How many sequences of one prompt a prompt-pass program serves: their query heads (g each) fill the rows a
+    tl.dot computes anyway (MIN_BLOCK_H), so reading the prompt once for them costs no extra arithmetic."""
+    return max(1, MIN_BLOCK_H // g)
+
+
+def prompt_groups(input_ids: Any, attention_mask: Any, per_entry: int) -> list[list[int]]:
+    """The entries of the prompt pass: sequences with the same prompt (ids and mask) together, in order of first
+    appearance, cut into lists of at most ``per_entry`` (GRPO's G generations of each prompt are G equal rows)."""
+    keys = [(tuple(i), tuple(m)) for i, m in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for row, key in enumerate(keys):
+        groups.setdefault(key, []).append(row)
+    return [rows[i:i + per_entry] for rows in groups.values() for i in range(0, len(rows), per_entry)]
+
+
+def entry_table(entries: list[list[int]], batch: int, per_entry: int) -> list[list[int]]:
+    """``prompt_groups``' entries as the kernel's [batch, per_entry] table of sequence indices, -1 where none (a
+    batch of distinct prompts has one entry a sequence: batch rows; the table's shape never changes, so the
+    captured graph that reads it serves any grouping)."""
+    table = [[-1] * per_entry for _ in range(batch)]
+    for e, rows in enumerate(entries):
+        table[e][:len(rows)] = rows
+    return table
+
+
+def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
+           groups: tuple[Any, Any] | None = None) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
-    (the slot this step writes: slots after it are not read). Returns [B, H, 1, D] in the query's dtype."""
+    (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
+    of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
+    then read once per entry (the module docstring). Returns [B, H, 1, D] in the query's dtype."""
     import torch
 
     b, h, _, d = query.shape
     kv, length = key.shape[1], key.shape[2]
     g = h // kv
-    splits = splits_for(b, kv, length)
     q = query[:, :, 0, :]
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -141,18 +195,31 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float)
             kind, m = 1, mask.contiguous().view(torch.uint8)
         else:
             kind, m = 2, mask.contiguous()
-    o = torch.empty((b, h, splits, d), dtype=torch.float32, device=query.device)
-    lse = torch.empty((b, h, splits), dtype=torch.float32, device=query.device)
+    # (pass, sequences an entry, splits): every filled slot at once, or the prompt's once an entry then the rest
+    if groups is None:
+        passes = [(0, 1, splits_for(b, kv, length))]
+        rows, prefix = slot, slot  # any pointers: pass 0 reads neither
+    else:
+        rows, prefix = groups
+        r = rows.shape[1]
+        passes = [(1, r, splits_for(-(-b // r), kv, length)), (2, 1, splits_for(b, kv, length))]
+    total = sum(p[2] for p in passes)
+    o = torch.empty((b, h, total, d), dtype=torch.float32, device=query.device)
+    lse = torch.empty((b, h, total), dtype=torch.float32, device=query.device)
     block_d = 1 << max(4, (d - 1).bit_length())
-    block_h = max(MIN_BLOCK_H, 1 << max(0, (g - 1).bit_length()))
     # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
     split = _KERNEL if _KERNEL is not None else kernel()
-    split[(b * kv, splits)](
-        q, key, value, m, slot, o, lse,
-        q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
-        KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
-        ITERS=iters_for(length, splits), num_warps=NUM_WARPS)
+    first = 0
+    for kind_of_pass, r, splits in passes:
+        block_h = max(MIN_BLOCK_H, 1 << max(0, (r * g - 1).bit_length()))
+        split[(b * kv, splits)](
+            q, key, value, m, slot, rows, prefix, o, lse,
+            q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
+            value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
+            KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
+            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
+            num_warps=NUM_WARPS)
+        first += splits
     # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
     top = lse.amax(dim=-1, keepdim=True)
     w = torch.exp(lse - top.masked_fill(torch.isinf(top), 0.0))
