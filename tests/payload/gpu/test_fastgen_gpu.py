@@ -251,6 +251,23 @@ def test_triton_decode_attention_compiles_into_one_graph_and_decodes_as_generate
     _assert_follows_an_adapter_step(model, ids, mask, got)
 
 
+def test_reading_each_prompt_once_compiles_into_one_graph_and_decodes_as_generate() -> None:
+    """shared_prompt with the triton attention, compiled and captured, on GRPO's shape (each prompt 4 times):
+    one graph, no fallback, greedy tokens as generate's, and a LoRA update reaches the replayed graph."""
+    model = _model()
+    model.eval()
+    ids, mask = _inputs()
+    ids, mask = ids[[0, 0, 0, 0, 2, 2, 2, 2]], mask[[0, 0, 0, 0, 2, 2, 2, 2]]
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=True,
+                           decode_attention="triton", shared_prompt=True)
+    eng = fastgen.get_engine(model)
+    assert eng.compile_error is None and eng.graph_error is None
+    assert len(eng._graphs) == 1 and all(entry is not None for entry in eng._graphs.values())
+    assert (ref == got).float().mean().item() > 0.98
+    _assert_follows_an_adapter_step(model, ids, mask, got)
+
+
 def test_the_compiled_pick_draws_what_the_eager_pick_draws() -> None:
     """compile_pick: inductor fuses the pick, and with aten's RNG kernels (fallback_random) the draw reads the same
     numbers, so seeded sampling gives the eager pick's tokens (up to a last-bit difference in the fused log at an
