@@ -1238,7 +1238,8 @@ class FastGenerator:
                 from rlstack.payload.fastgen import split_attention
 
                 cfg = _text_config(self.decoder.config)
-                per_entry = split_attention.rows_per_entry(cfg.num_attention_heads // cfg.num_key_value_heads)
+                kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads  # None: one per head
+                per_entry = split_attention.rows_per_entry(cfg.num_attention_heads // kv)
             self._loops[key] = _Loop.new(batch, length, self.device, per_entry)
         return self._loops[key]
 
