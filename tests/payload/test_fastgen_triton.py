@@ -31,9 +31,13 @@ def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
     assert " passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
 
 
-def _register_use(kernel, types: dict[str, str], const: dict[str, int], capability: int, num_warps: int) -> dict:
+def _register_use(kernel, types: dict[str, str], const: dict[str, int], capability: int, num_warps: int,
+                  aligned: set[str] = frozenset(), ir: dict | None = None) -> dict:
     """Compile ``kernel`` ahead of time for sm_<capability> (Triton + the ptxas in its wheel, no GPU) and read
-    ptxas's resource use from the cubin: {"REG": ..., "STACK": ..., ...}."""
+    ptxas's resource use from the cubin: {"REG": ..., "STACK": ..., ...}. ``aligned``: the arguments a launch
+    passes divisible by 16 (pointers from torch, strides and sizes of the shapes used), which Triton's launcher
+    specializes on, as here: what lets it vectorize loads and pipeline them (cp.async), so a compile without
+    them is another kernel. ``ir``, where given, gets the TTGIR and PTX."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,10 +49,13 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
     assert set(const) == {n for n in kernel.arg_names if n.isupper()}  # every constexpr the kernel takes
     signature = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
+                       constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()},
+                       attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlstack-{kernel.__name__}-{capability}-{os.getpid()}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
+    if ir is not None:
+        ir.update(ttgir=compiled.asm["ttgir"], ptx=compiled.asm["ptx"])
     try:
         usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True,
                                text=True, check=True).stdout
@@ -65,21 +72,28 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     shape (8 KV heads of 4 query heads, head dim 128, a 768-slot bf16 cache) becomes a cubin for the H200 and for
     Blackwell cards, and ptxas keeps it in registers (no stack: the kernel's while-loop form spilled 2 KB a
     thread at BLOCK_N 64 and 4 warps). What the flex template failed on the GPU in the 2026-12-04 lease, a
-    compile error, shows here first."""
+    compile error, shows here first. And the loop stays software-pipelined (K and V blocks copied ahead with
+    cp.async): a condition inside the loop once cost that, one around it (empty splits skip it) does not."""
     from rlstack.payload.fastgen import split_attention as sa
 
     every = sa.splits_for(batch, 8, 768)
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
              "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    # every pointer, and the strides and length of the shape (4,096 / 128 / 768 elements)
+    aligned = {n for n in sa.kernel().arg_names if n.endswith("_ptr")} | {
+        "sq_b", "sq_h", "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"}
     # every filled slot at once; and shared_prompt's two passes (the prompt once for 4 sequences, then the rest)
     r = sa.rows_per_entry(4)
     s1 = sa.splits_for(batch // r, 8, 768)
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
         const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
-                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits}
-        use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS)
+                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "WIDEN": 0}
+        ir: dict = {}
+        use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS, aligned, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
+        if const["ITERS"] > 1:  # (one iteration is unrolled: nothing to pipeline)
+            assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
 
 
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
@@ -92,7 +106,7 @@ def test_the_split_k_gemm_compiles_for_hopper_and_blackwell_without_spilling(cap
     const = {"BLOCK_M": skinny.MAX_ROWS, "BLOCK_N": skinny.BLOCK_N, "BLOCK_K": skinny.BLOCK_K,
              "ITERS": skinny.launch_shape(n, k)[1]}
     use = _register_use(skinny.kernel(), {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*fp32"}, const,
-                        capability, 4)
+                        capability, 4, {"x_ptr", "w_ptr", "p_ptr", "n", "k", "sx", "sw"})
     assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
 
 

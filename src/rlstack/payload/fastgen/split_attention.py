@@ -9,11 +9,12 @@ to read from a device tensor instead (the slot this step writes, + 1), so one co
 read exactly the filled slots at every step, and it splits each (sequence, KV head)'s slots over several thread
 blocks (flash-decoding), so that 8 sequences still fill the GPU; the splits are merged by their log-sum-exp.
 
-Numerics: q, k and v are widened to float32 before each tl.dot (a bf16 value is exact in TF32, which is what a
-float32 tl.dot multiplies in on the GPU; and Triton 3.6's CPU interpreter computes bf16 dots wrongly), scores and
-softmax in float32 like the matmul kernel; the result differs from it in the order of the float32 reductions and
-in the probabilities being rounded to TF32 (10 mantissa bits on the GPU) instead of the cache's dtype before they
-weigh V. With ``groups`` (``FastGenerator(shared_prompt=True)``) the slots of the prompt are read once per group of rows
+Numerics: on a GPU the dots take the cache's dtype (bf16 x bf16 products are exact in the float32 accumulator,
+and the probabilities are rounded to the cache's dtype before they weigh V, as the matmul kernel's softmax output
+is), scores and softmax in float32 like the matmul kernel; the result differs from it in the order of the
+float32 reductions. In Triton's CPU interpreter (3.6), which computes bf16 dots wrongly, q, k and v are widened
+to float32 first (``WIDEN``): the same products, the probabilities kept in float32.
+With ``groups`` (``FastGenerator(shared_prompt=True)``) the slots of the prompt are read once per group of rows
 whose prompts are the same (GRPO's G generations of one prompt hold G copies of its K/V): a first pass attends
 the queries of up to ``rows_per_entry(G)`` such rows (each KV head's G query heads pad the dot's 16 rows anyway)
 against one row's copy of the prompt slots, a second pass each row against its own slots after the prompt, and
@@ -36,14 +37,17 @@ MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Q
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
 
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
+_WIDEN = False  # whether kernel() built it for the interpreter (the dots then in float32, see the docstring)
 
 
 def kernel() -> Any:
     """The split kernel, decorated on first use. FastGenerator calls this when it is created, outside the
     compiled step: inside it, dynamo then finds a built kernel (a global) instead of tracing its decoration."""
-    global _KERNEL
+    global _KERNEL, _WIDEN
     if _KERNEL is not None:
         return _KERNEL
+    import os
+
     import triton
     import triton.language as tl
 
@@ -53,7 +57,7 @@ def kernel() -> Any:
                      KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
                      ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
-                     TOTAL: tl.constexpr):
+                     TOTAL: tl.constexpr, WIDEN: tl.constexpr):
         # one program: one entry (PASS 0 and 2: one sequence; PASS 1: up to R sequences of one prompt, from
         # rows_ptr [entries, R], -1 where none), one KV head (its G query heads a sequence), one split of the
         # slots the pass reads: PASS 0 every filled slot, 1 the prompt's (< prefix), 2 those after the prompt
@@ -90,36 +94,46 @@ def kernel() -> Any:
         rows = tl.maximum(rows, 0)
         d_ok = offs_d < D
         q = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + offs_d[None, :],
-                    mask=h_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                    mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+        if WIDEN:
+            q = q.to(tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
         # a fixed trip count (the longest split's blocks, from the cache's length), not range(lo, hi, BLOCK):
         # Triton 3.6's interpreter cannot take a tensor as a range bound (the CPU tests run this very code), a
-        # while loop is not software-pipelined, and blocks past `hi` load nothing (masked) and add nothing
-        for it in range(ITERS):
-            offs_n = lo + it * BLOCK + tl.arange(0, BLOCK)
-            n_ok = offs_n < hi
-            k = tl.load(k_ptr + b * sk_b + kvh * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_H, BLOCK]
-            if MASK == 1:  # keep (bool, as uint8)
-                keep = tl.load(mask_ptr + b * sm_b + offs_n, mask=n_ok, other=0)
-                s = tl.where((n_ok & (keep != 0))[None, :], s, float("-inf"))
-            elif MASK == 2:  # additive
-                add = tl.load(mask_ptr + b * sm_b + offs_n, mask=n_ok, other=float("-inf")).to(tl.float32)
-                s = tl.where(n_ok[None, :], s + add[None, :], float("-inf"))
-            else:
-                s = tl.where(n_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing kept yet: no NaN
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + b * sv_b + kvh * sv_h + offs_n[:, None] * sv_n + offs_d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v)
-            m_i = m_new
+        # while loop is not software-pipelined, and blocks past `hi` load nothing (masked) and add nothing. An
+        # empty split (or an unused entry of the prompt pass) skips the loop: its dots would run on zeros. The
+        # condition stands around the loop, not in it: inside, it stopped Triton from pipelining the loads
+        # (cp.async), which the ahead-of-time test checks
+        if hi > lo:
+            for it in range(ITERS):
+                offs_n = lo + it * BLOCK + tl.arange(0, BLOCK)
+                n_ok = offs_n < hi
+                k = tl.load(k_ptr + b * sk_b + kvh * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
+                            mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                if WIDEN:
+                    k = k.to(tl.float32)
+                s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_H, BLOCK]
+                if MASK == 1:  # keep (bool, as uint8)
+                    keep = tl.load(mask_ptr + b * sm_b + offs_n, mask=n_ok, other=0)
+                    s = tl.where((n_ok & (keep != 0))[None, :], s, float("-inf"))
+                elif MASK == 2:  # additive
+                    add = tl.load(mask_ptr + b * sm_b + offs_n, mask=n_ok, other=float("-inf")).to(tl.float32)
+                    s = tl.where(n_ok[None, :], s + add[None, :], float("-inf"))
+                else:
+                    s = tl.where(n_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing kept yet: no NaN
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(v_ptr + b * sv_b + kvh * sv_h + offs_n[:, None] * sv_n + offs_d[None, :],
+                            mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                if WIDEN:
+                    v = v.to(tl.float32)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -129,6 +143,7 @@ def kernel() -> Any:
         tl.store(lse_ptr + row, lse, mask=h_ok)
 
     _KERNEL = split_kernel
+    _WIDEN = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit itself read at the decoration above
     return split_kernel
 
 
@@ -217,7 +232,7 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
             KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
-            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
+            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total, WIDEN=_WIDEN,
             num_warps=NUM_WARPS)
         first += splits
     # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
