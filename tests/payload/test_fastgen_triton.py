@@ -104,10 +104,12 @@ def test_the_split_k_gemm_compiles_for_hopper_and_blackwell_without_spilling(cap
     from rlstack.payload.fastgen import skinny
 
     const = {"BLOCK_M": skinny.MAX_ROWS, "BLOCK_N": skinny.BLOCK_N, "BLOCK_K": skinny.BLOCK_K,
-             "ITERS": skinny.launch_shape(n, k)[1]}
+             "ITERS": skinny.launch_shape(n, k)[1], "WIDEN": 0}
+    ir: dict = {}
     use = _register_use(skinny.kernel(), {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*fp32"}, const,
-                        capability, 4, {"x_ptr", "w_ptr", "p_ptr", "n", "k", "sx", "sw"})
+                        capability, 4, {"x_ptr", "w_ptr", "p_ptr", "n", "k", "sx", "sw"}, ir)
     assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
+    assert "cp.async" in ir["ptx"], "the weight's loads are not pipelined"
 
 
 def _tiny() -> torch.nn.Module:

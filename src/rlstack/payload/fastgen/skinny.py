@@ -10,10 +10,11 @@ slices' float32 partial sums are added by torch (one small fused kernel; determi
 
 Where: the shadow's ``o_proj`` and ``down_proj`` that it owns (merged LoRA or dequantized bases, as
 fastgen.fused), for inputs of at most ``MAX_ROWS`` rows: prefill (hundreds of rows) keeps ``F.linear``.
-Numerics: the weight and the input widened to float32 before each tl.dot (bf16 is exact in TF32; Triton 3.6's
-CPU interpreter computes bf16 dots wrongly), float32 sums: the result differs from cuBLAS's only in the order
-of the float32 additions. Built on first use, compiled or in Triton's CPU interpreter (TRITON_INTERPRET=1 set
-before triton is imported: the CPU tests).
+Numerics: on a GPU the dots take the weight's dtype (bf16 x bf16 products are exact in the float32 accumulator,
+at twice TF32's tensor-core rate), float32 sums: the result differs from cuBLAS's only in the order of the
+float32 additions. Triton 3.6's CPU interpreter computes bf16 dots wrongly, so there (``WIDEN``) both operands
+are widened to float32 first: the same products. Built on first use, compiled or in Triton's CPU interpreter
+(TRITON_INTERPRET=1 set before triton is imported: the CPU tests).
 """
 
 from __future__ import annotations
@@ -30,19 +31,22 @@ BLOCK_K = 128  # inner elements per iteration
 TARGET_PROGRAMS = 528  # ~4 thread blocks per SM of an H100/H200 (132 SMs)
 
 _KERNEL: Any = None
+_WIDEN = False  # whether kernel() built it for the interpreter (see the docstring)
 
 
 def kernel() -> Any:
     """The split-K kernel, decorated on first use (see split_attention.kernel: built outside the compiled step)."""
-    global _KERNEL
+    global _KERNEL, _WIDEN
     if _KERNEL is not None:
         return _KERNEL
+    import os
+
     import triton
     import triton.language as tl
 
     @triton.jit
     def skinny_kernel(x_ptr, w_ptr, p_ptr, m, n, k, sx, sw, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, ITERS: tl.constexpr):
+                      BLOCK_K: tl.constexpr, ITERS: tl.constexpr, WIDEN: tl.constexpr):
         # one program: BLOCK_N output columns of every row, over one split of the inner dimension (runtime sizes
         # lower case, compile-time ones upper case)
         pid_n = tl.program_id(0)
@@ -58,12 +62,15 @@ def kernel() -> Any:
             offs_k = k0 + it * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = offs_k < k
             x = tl.load(x_ptr + offs_m[:, None] * sx + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.dot(x, tl.trans(w))
+                        other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if WIDEN:
+                x, w = x.to(tl.float32), w.to(tl.float32)
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
         tl.store(p_ptr + (split * m + offs_m[:, None]) * n + offs_n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
 
     _KERNEL = skinny_kernel
+    _WIDEN = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit itself read at the decoration above
     return skinny_kernel
 
 
@@ -88,7 +95,8 @@ def matmul(x: Any, weight: Any) -> Any:
     partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     split_k = _KERNEL if _KERNEL is not None else kernel()
     split_k[(math.ceil(n / BLOCK_N), splits)](x, weight, partial, m, n, k, x.stride(0), weight.stride(0),
-                                              BLOCK_M=MAX_ROWS, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, ITERS=iters)
+                                              BLOCK_M=MAX_ROWS, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, ITERS=iters,
+                                              WIDEN=_WIDEN)
     return partial.sum(dim=0).to(x.dtype)
 
 
