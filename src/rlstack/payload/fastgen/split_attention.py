@@ -29,9 +29,10 @@ import math
 from typing import Any
 
 BLOCK_N = 32  # cache slots per inner iteration
-# with BLOCK_N 32: 152 registers a thread, no spill, for sm_90 and sm_120 (ptxas, ahead of time on the host:
-# tests/payload/test_fastgen_triton.py); 254 at 4 warps; a while-loop form of the kernel spilled 2 KB a thread at
-# BLOCK_N 64 and 4 warps. Registers are not speed: the GPU profile chooses (bench/notes.md)
+# with BLOCK_N 32 and 8 warps: 80-92 registers a thread, no spill, loads pipelined, for sm_90 and sm_120 (ptxas,
+# ahead of time on the host, compiled as a launch specializes it: tests/payload/test_fastgen_triton.py); a
+# while-loop form of the kernel spilled 2 KB a thread at BLOCK_N 64 and 4 warps. Registers are not speed: the GPU
+# profile chooses (bench/notes.md)
 NUM_WARPS = 8
 MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Qwen3-4B) are padded to it
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
