@@ -88,12 +88,30 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
         const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
-                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "WIDEN": 0}
+                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
         ir: dict = {}
         use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS, aligned, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
-        if const["ITERS"] > 1:  # (one iteration is unrolled: nothing to pipeline)
-            assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
+        assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
+
+
+def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_trip_count() -> None:
+    """The fixed trip count (ITERS, the longest split's blocks) is the interpreter's: compiled, the loop's bound is
+    the split's own blocks, so a split of a half-filled cache runs half the dots. The compiled kernel does not
+    change with ITERS; the interpreted form is the one that reads it."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
+             "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    ptx = {}
+    for iters in (3, 24):
+        const = {"KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+                 "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
+                 "INTERPRETED": 0}
+        ir: dict = {}
+        _register_use(sa.kernel(), types, const, 90, sa.NUM_WARPS, {"k_ptr", "v_ptr", "sk_n", "sv_n"}, ir)
+        ptx[iters] = ir["ptx"]
+    assert ptx[3] == ptx[24]
 
 
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])

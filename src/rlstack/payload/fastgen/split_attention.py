@@ -13,7 +13,7 @@ Numerics: on a GPU the dots take the cache's dtype (bf16 x bf16 products are exa
 and the probabilities are rounded to the cache's dtype before they weigh V, as the matmul kernel's softmax output
 is), scores and softmax in float32 like the matmul kernel; the result differs from it in the order of the
 float32 reductions. In Triton's CPU interpreter (3.6), which computes bf16 dots wrongly, q, k and v are widened
-to float32 first (``WIDEN``): the same products, the probabilities kept in float32.
+to float32 first (``INTERPRETED``): the same products, the probabilities kept in float32.
 With ``groups`` (``FastGenerator(shared_prompt=True)``) the slots of the prompt are read once per group of rows
 whose prompts are the same (GRPO's G generations of one prompt hold G copies of its K/V): a first pass attends
 the queries of up to ``rows_per_entry(G)`` such rows (each KV head's G query heads pad the dot's 16 rows anyway)
@@ -38,13 +38,13 @@ MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Q
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
 
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
-_WIDEN = False  # whether kernel() built it for the interpreter (the dots then in float32, see the docstring)
+_INTERPRETED = False  # whether kernel() built it for Triton's interpreter (float32 dots, a fixed trip count)
 
 
 def kernel() -> Any:
     """The split kernel, decorated on first use. FastGenerator calls this when it is created, outside the
     compiled step: inside it, dynamo then finds a built kernel (a global) instead of tracing its decoration."""
-    global _KERNEL, _WIDEN
+    global _KERNEL, _INTERPRETED
     if _KERNEL is not None:
         return _KERNEL
     import os
@@ -58,7 +58,7 @@ def kernel() -> Any:
                      KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
                      ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
-                     TOTAL: tl.constexpr, WIDEN: tl.constexpr):
+                     TOTAL: tl.constexpr, INTERPRETED: tl.constexpr):
         # one program: one entry (PASS 0 and 2: one sequence; PASS 1: up to R sequences of one prompt, from
         # rows_ptr [entries, R], -1 where none), one KV head (its G query heads a sequence), one split of the
         # slots the pass reads: PASS 0 every filled slot, 1 the prompt's (< prefix), 2 those after the prompt
@@ -96,24 +96,24 @@ def kernel() -> Any:
         d_ok = offs_d < D
         q = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + offs_d[None, :],
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
-        if WIDEN:
+        if INTERPRETED:
             q = q.to(tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        # a fixed trip count (the longest split's blocks, from the cache's length), not range(lo, hi, BLOCK):
-        # Triton 3.6's interpreter cannot take a tensor as a range bound (the CPU tests run this very code), a
-        # while loop is not software-pipelined, and blocks past `hi` load nothing (masked) and add nothing. An
-        # empty split (or an unused entry of the prompt pass) skips the loop: its dots would run on zeros. The
-        # condition stands around the loop, not in it: inside, it stopped Triton from pipelining the loads
-        # (cp.async), which the ahead-of-time test checks
+        # compiled, the split's own blocks (a tensor bound: the loop stays pipelined, cp.async, which the
+        # ahead-of-time test checks); in Triton 3.6's interpreter, which takes no tensor as a range bound (the CPU
+        # tests), a fixed trip count, the longest split's blocks, whose blocks past `hi` load nothing (masked)
+        # and add nothing. An empty split (or an unused entry of the prompt pass) skips the loop. Conditions stand
+        # around the loop, not in it: one inside stopped the pipelining. (A while loop was not pipelined either.)
+        # (the bound is not assigned to a name: the interpreter makes every assigned value a tensor)
         if hi > lo:
-            for it in range(ITERS):
+            for it in range(ITERS if INTERPRETED else tl.cdiv(hi - lo, BLOCK)):
                 offs_n = lo + it * BLOCK + tl.arange(0, BLOCK)
                 n_ok = offs_n < hi
                 k = tl.load(k_ptr + b * sk_b + kvh * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                if WIDEN:
+                if INTERPRETED:
                     k = k.to(tl.float32)
                 s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_H, BLOCK]
                 if MASK == 1:  # keep (bool, as uint8)
@@ -131,7 +131,7 @@ def kernel() -> Any:
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 v = tl.load(v_ptr + b * sv_b + kvh * sv_h + offs_n[:, None] * sv_n + offs_d[None, :],
                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                if WIDEN:
+                if INTERPRETED:
                     v = v.to(tl.float32)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
@@ -144,7 +144,7 @@ def kernel() -> Any:
         tl.store(lse_ptr + row, lse, mask=h_ok)
 
     _KERNEL = split_kernel
-    _WIDEN = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit itself read at the decoration above
+    _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit itself read at the decoration above
     return split_kernel
 
 
@@ -233,8 +233,8 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
             KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
-            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total, WIDEN=_WIDEN,
-            num_warps=NUM_WARPS)
+            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
+            INTERPRETED=_INTERPRETED, num_warps=NUM_WARPS)
         first += splits
     # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
     top = lse.amax(dim=-1, keepdim=True)
