@@ -14,13 +14,15 @@ and the probabilities are rounded to the cache's dtype before they weigh V, as t
 is), scores and softmax in float32 like the matmul kernel; the result differs from it in the order of the
 float32 reductions. In Triton's CPU interpreter (3.6), which computes bf16 dots wrongly, q, k and v are widened
 to float32 first (``INTERPRETED``): the same products, the probabilities kept in float32.
+
 With ``groups`` (``FastGenerator(shared_prompt=True)``) the slots of the prompt are read once per group of rows
 whose prompts are the same (GRPO's G generations of one prompt hold G copies of its K/V): a first pass attends
 the queries of up to ``rows_per_entry(G)`` such rows (each KV head's G query heads pad the dot's 16 rows anyway)
 against one row's copy of the prompt slots, a second pass each row against its own slots after the prompt, and
-both passes' splits are merged together. The kernel is built on first use:
-``triton.jit`` decides at decoration whether it runs compiled or in Triton's CPU interpreter (TRITON_INTERPRET=1,
-set before triton is imported), which is how the CPU tests run it.
+both passes' splits are merged together.
+
+The kernel is built on first use: ``triton.jit`` decides at decoration whether it runs compiled or in Triton's
+CPU interpreter (TRITON_INTERPRET=1, set before triton is imported), which is how the CPU tests run it.
 """
 
 from __future__ import annotations
