@@ -123,9 +123,11 @@ def test_fastgen_with_the_triton_attention_decodes_what_generate_decodes(options
     assert torch.equal(ref, fastgen.generate(model, ids, mask, 12, do_sample=True, top_k=50, pad_token_id=0))
 
 
-def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes() -> None:
+@pytest.mark.parametrize("options", [{}, {"attend_bucket": 16}], ids=["whole-cache", "attend16"])
+def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes(options: dict) -> None:
     """shared_prompt through a LoRA shadow on GRPO's shape (each prompt G times: two prompts x 3, then distinct
-    prompts): generate's greedy and seeded tokens, the loop's table naming the groups."""
+    prompts): generate's greedy and seeded tokens, the loop's table naming the groups; alone or inside
+    attend_bucket's read lengths."""
     model = peft.get_peft_model(_tiny(25), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     model.eval()
     ids, mask = _prompts(25)
@@ -133,7 +135,7 @@ def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes() -> Non
     for i, m in ((grpo_ids, grpo_mask), (ids, mask)):
         ref = model.generate(input_ids=i, attention_mask=m, max_new_tokens=10, do_sample=False, pad_token_id=0)
         got = fastgen.generate(model, i, m, 10, do_sample=False, pad_token_id=0, compile=False,
-                               decode_attention="triton", shared_prompt=True)
+                               decode_attention="triton", shared_prompt=True, **options)
         assert torch.equal(ref, got)
         torch.manual_seed(9)
         ref = model.generate(input_ids=i, attention_mask=m, max_new_tokens=10, do_sample=True, top_k=50,
@@ -144,6 +146,25 @@ def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes() -> Non
     assert engine.shared_prompt and "the prompt read once a group" in engine.describe()
     loop = engine._loops[(6, 128)]
     assert loop.entries.tolist()[:2] == [[0, 1, 2, -1, -1, -1, -1, -1], [3, 4, 5, -1, -1, -1, -1, -1]]
+
+
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_fp8_projections_with_the_triton_attention_decode_what_fp8_alone_decodes(scales: str) -> None:
+    """The profile's combined variants (fp8 with the triton attention and shared_prompt): the attention kernel
+    changes nothing the FP8 projections compute (float32 model, LoRA shadow, GRPO's shape), greedy and seeded."""
+    model = peft.get_peft_model(_tiny(26), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(26)
+    ids, mask = ids[[1, 1, 1, 0]], mask[[1, 1, 1, 0]]
+    for sample in ({"do_sample": False}, {"do_sample": True, "top_k": 50}):
+        torch.manual_seed(4)
+        alone = fastgen.generate(model, ids, mask, 10, pad_token_id=0, compile=False, fp8=scales, **sample)
+        fastgen.release(model)
+        torch.manual_seed(4)
+        both = fastgen.generate(model, ids, mask, 10, pad_token_id=0, compile=False, fp8=scales,
+                                decode_attention="triton", shared_prompt=True, **sample)
+        fastgen.release(model)
+        assert torch.equal(alone, both), sample
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 100, 200), (8, 640, 1024), (16, 64, 64), (1, 130, 4100)],
