@@ -32,7 +32,7 @@ def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
 
 
 def _register_use(kernel, types: dict[str, str], const: dict[str, int], capability: int, num_warps: int,
-                  aligned: set[str] = frozenset(), ir: dict | None = None) -> dict:
+                  aligned: frozenset[str] | set[str] = frozenset(), ir: dict | None = None) -> dict:
     """Compile ``kernel`` ahead of time for sm_<capability> (Triton + the ptxas in its wheel, no GPU) and read
     ptxas's resource use from the cubin: {"REG": ..., "STACK": ..., ...}. ``aligned``: the arguments a launch
     passes divisible by 16 (pointers from torch, strides and sizes of the shapes used), which Triton's launcher
