@@ -64,6 +64,14 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
     return dict(f.split(":", 1) for f in next(line for line in usage.splitlines() if "REG:" in line).split())
 
 
+# the attention kernel's non-constexpr argument types as fastgen launches it on a bf16 cache (others are i32), and
+# what the launch passes divisible by 16: every pointer, the strides and the length (4,096 / 128 / 768 elements)
+_ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
+                    "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+_ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_ptr")), "sq_b", "sq_h", "sk_b", "sk_h",
+                                "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"})
+
+
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
 @pytest.mark.parametrize("batch", [8, 64])
 def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling(capability: int,
@@ -77,11 +85,6 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     from rlstack.payload.fastgen import split_attention as sa
 
     every = sa.splits_for(batch, 8, 768)
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-             "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
-    # every pointer, and the strides and length of the shape (4,096 / 128 / 768 elements)
-    aligned = {n for n in sa.kernel().arg_names if n.endswith("_ptr")} | {
-        "sq_b", "sq_h", "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"}
     # every filled slot at once; and shared_prompt's two passes (the prompt once for 4 sequences, then the rest)
     r = sa.rows_per_entry(4)
     s1 = sa.splits_for(batch // r, 8, 768)
@@ -90,7 +93,7 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
                  "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
         ir: dict = {}
-        use = _register_use(sa.kernel(), types, const, capability, sa.NUM_WARPS, aligned, ir)
+        use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
         assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
 
@@ -101,15 +104,13 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
     change with ITERS; the interpreted form is the one that reads it."""
     from rlstack.payload.fastgen import split_attention as sa
 
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-             "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
     ptx = {}
     for iters in (3, 24):
         const = {"KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
                  "INTERPRETED": 0}
         ir: dict = {}
-        _register_use(sa.kernel(), types, const, 90, sa.NUM_WARPS, {"k_ptr", "v_ptr", "sk_n", "sv_n"}, ir)
+        _register_use(sa.kernel(), _ATTENTION_TYPES, const, 90, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         ptx[iters] = ir["ptx"]
     assert ptx[3] == ptx[24]
 

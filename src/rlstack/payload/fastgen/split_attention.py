@@ -69,15 +69,12 @@ def kernel() -> Any:
         entry = (bk // KV).to(tl.int64)  # 64-bit offsets: a layer cache of 2**31 elements (4 GiB of bf16) is reachable
         kvh = bk % KV
         filled = tl.minimum(tl.load(slot_ptr) + 1, length)  # the slots written so far, this step's included
-        if PASS == 0:
-            begin = filled * 0
-            end = filled
-        elif PASS == 1:
-            begin = filled * 0
+        begin = filled * 0
+        end = filled
+        if PASS == 1:
             end = tl.minimum(tl.load(prefix_ptr), filled)
-        else:
+        elif PASS == 2:
             begin = tl.minimum(tl.load(prefix_ptr), filled)
-            end = filled
         chunk = tl.cdiv(tl.cdiv(end - begin, SPLITS), BLOCK) * BLOCK
         lo = begin + split * chunk
         hi = tl.minimum(lo + chunk, end)
