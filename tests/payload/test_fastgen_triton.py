@@ -252,3 +252,28 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
     clones = sorted({name.strip(" '") for call in calls for name in call.split(",")})
     assert len(calls) == 2 * (2 if shared_prompt else 1) + 4 and clones == ["lse_ptr", "o_ptr", "p_ptr"], calls
+
+
+def test_a_computed_bool_mask_reaches_the_kernel_through_inductors_lowering() -> None:
+    """Inside the compiled decode step the mask is computed, and inductor did not lower the bitcast view the
+    kernel's uint8 mask used to be made with (on the H200 that sent the step to eager decoding, 2026-12-05). Real
+    inductor on the CPU: where its C++ build lacks setuptools (this venv), the failure comes after lowering."""
+    from rlstack.payload.fastgen import split_attention
+
+    def prepared(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        keep = (torch.arange(x.shape[-1]) < n)[None, :].expand(x.shape[0], -1)
+        kind, m = split_attention.mask_argument(keep, x)
+        return m.to(torch.int32) * kind + x.to(torch.int32)
+
+    x, n = torch.ones(3, 16), torch.tensor(5)
+    assert split_attention.mask_argument(None, x) == (0, x)
+    kind, eager = split_attention.mask_argument(torch.tensor([[True, False]]), x)
+    assert kind == 1 and eager.dtype == torch.uint8 and eager.tolist() == [[1, 0]]
+    assert split_attention.mask_argument(torch.zeros(1, 2), x)[0] == 2
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(prepared, backend="inductor", fullgraph=True)(x, n)
+    except Exception as exc:  # lowering passed where only inductor's C++ build is missing
+        assert "No module named 'setuptools'" in str(exc), str(exc)[:2000]
+    else:
+        assert torch.equal(out, prepared(x, n))

@@ -186,6 +186,23 @@ def entry_table(entries: list[list[int]], batch: int, per_entry: int) -> list[li
     return table
 
 
+def mask_argument(mask: Any, fallback: Any) -> tuple[int, Any]:
+    """The kernel's MASK kind and mask tensor: 0 and ``fallback`` (any pointer: MASK == 0 never reads it) without
+    a mask, 1 and uint8 keep flags for a bool mask, 2 and the additive float mask itself.
+
+    Why a conversion (``to(uint8)``) and not a bitcast (``view(uint8)``): inside the compiled decode step the mask
+    is computed, and inductor does not lower view(dtype) of a computed bool tensor ("torch.bool is not supported by
+    torch.iinfo", torch 2.10 on the CPU, 2.11 on the H200 on 2026-12-05, where it sent the step to eager). The
+    conversion fuses into the kernel that computes the mask."""
+    import torch
+
+    if mask is None:
+        return 0, fallback
+    if mask.dtype == torch.bool:
+        return 1, mask.to(torch.uint8).contiguous()
+    return 2, mask.contiguous()
+
+
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
            groups: tuple[Any, Any] | None = None) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
@@ -203,13 +220,7 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
         q = q.contiguous()
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         key, value = key.contiguous(), value.contiguous()
-    kind = 0
-    m = q  # any pointer: MASK == 0 never reads it
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            kind, m = 1, mask.contiguous().view(torch.uint8)
-        else:
-            kind, m = 2, mask.contiguous()
+    kind, m = mask_argument(mask, q)
     # (pass, sequences an entry, splits): every filled slot at once, or the prompt's once an entry then the rest
     if groups is None:
         passes = [(0, 1, splits_for(b, kv, length))]
