@@ -66,8 +66,10 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
 
 # the attention kernel's non-constexpr argument types as fastgen launches it on a bf16 cache (others are i32), and
 # what the launch passes divisible by 16: every pointer, the strides and the length (4,096 / 128 / 768 elements)
+# the runtime arguments typed as inductor's compile of the step types them (a Python float would be fp64 there:
+# test_the_attention_kernel_takes_no_runtime_float)
 _ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-                    "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+                    "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
 _ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_ptr")), "sq_b", "sq_h", "sk_b", "sk_h",
                                 "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"})
 
@@ -89,13 +91,47 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     r = sa.rows_per_entry(4)
     s1 = sa.splits_for(batch // r, 8, 768)
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
-        const = {"KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+        const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
                  "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
         ir: dict = {}
         use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
         assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
+
+
+def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as_inductor_types_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the compiled decode step inductor compiles the kernel itself, typing each runtime argument from the
+    value attend passes: a Python float as fp64. The softmax scale passed that way made the scores fp64 and the
+    compile failed on the H200 (2026-12-05), while the ahead-of-time test above, typing it fp32 by hand, passed.
+    Here the launch's own arguments are recorded (the kernel not run) and typed that way, then compiled."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    launches: list[tuple[tuple, dict]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: tuple) -> object:
+            return lambda *args, **kwargs: launches.append((args, kwargs))
+
+    monkeypatch.setattr(sa, "_KERNEL", Recorder())
+    b, kv, g, length, d = 8, 8, 4, 768, 128
+    query = torch.zeros(b, kv * g, 1, d, dtype=torch.bfloat16)
+    key = value = torch.zeros(b, kv, length, d, dtype=torch.bfloat16)
+    keep = torch.ones(b, length, dtype=torch.bool)
+    sa.attend(query, key, value, keep, torch.tensor([300]), d ** -0.5)
+    monkeypatch.undo()  # the real kernel again, to compile
+    pointer = {torch.bfloat16: "*bf16", torch.uint8: "*u8", torch.int64: "*i64", torch.int32: "*i32",
+               torch.float32: "*fp32"}
+    kernel = sa.kernel()
+    runtime = [n for n in kernel.arg_names if not n.isupper()]
+    args, kwargs = launches[0]
+    assert len(args) == len(runtime)
+    types = {n: pointer[v.dtype] if isinstance(v, torch.Tensor) else "fp64" if isinstance(v, float) else "i64"
+             for n, v in zip(runtime, args, strict=True)}
+    const = {n: v for n, v in kwargs.items() if n.isupper()}
+    use = _register_use(kernel, types, const, 90, sa.NUM_WARPS)
+    assert use["STACK"] == "0", use
 
 
 def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_trip_count() -> None:
@@ -106,7 +142,7 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
 
     ptx = {}
     for iters in (3, 24):
-        const = {"KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+        const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
                  "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
                  "INTERPRETED": 0}
         ir: dict = {}

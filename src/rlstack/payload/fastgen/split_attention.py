@@ -56,11 +56,15 @@ def kernel() -> Any:
 
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr,
-                     sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length, scale,
-                     KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
+                     sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length,
+                     SCALE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
                      ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
                      TOTAL: tl.constexpr, INTERPRETED: tl.constexpr):
+        # SCALE (the softmax scale, a Python float) is a constexpr: inside the compiled step inductor compiles this
+        # kernel with its own signature, typing a runtime Python float fp64, which made the scores and the running
+        # max fp64 and failed the compile (Triton: "Loop-carried variable m_i ... re-assigned to fp64", H200,
+        # 2026-12-05); a constexpr float multiplies as float32 (one compile per model: the scale is the model's)
         # one program: one entry (PASS 0 and 2: one sequence; PASS 1: up to R sequences of one prompt, from
         # rows_ptr [entries, R], -1 where none), one KV head (its G query heads a sequence), one split of the
         # slots the pass reads: PASS 0 every filled slot, 1 the prompt's (< prefix), 2 those after the prompt
@@ -114,7 +118,7 @@ def kernel() -> Any:
                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
                 if INTERPRETED:
                     k = k.to(tl.float32)
-                s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_H, BLOCK]
+                s = tl.dot(q, tl.trans(k)) * SCALE  # [BLOCK_H, BLOCK]
                 if MASK == 1:  # keep (bool, as uint8)
                     keep = tl.load(mask_ptr + b * sm_b + offs_n, mask=n_ok, other=0)
                     s = tl.where((n_ok & (keep != 0))[None, :], s, float("-inf"))
@@ -241,8 +245,8 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
         split[(b * kv, splits)](
             q, key, value, m, slot, rows, prefix, o, lse,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, scale,
-            KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
+            value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length,
+            SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
             ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
             INTERPRETED=_INTERPRETED, num_warps=NUM_WARPS)
         first += splits
