@@ -92,8 +92,8 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     s1 = sa.splits_for(batch // r, 8, 768)
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
         const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128,
-                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits), "PASS": pass_, "R": rows,
-                 "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
+                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits),
+                 "PASS": pass_, "R": rows, "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
         ir: dict = {}
         use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
@@ -143,8 +143,8 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
     ptx = {}
     for iters in (3, 24):
         const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128,
-                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
-                 "INTERPRETED": 0}
+                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1,
+                 "SPLIT0": 0, "TOTAL": 1, "INTERPRETED": 0}
         ir: dict = {}
         _register_use(sa.kernel(), _ATTENTION_TYPES, const, 90, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         ptx[iters] = ir["ptx"]
