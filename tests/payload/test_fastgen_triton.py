@@ -93,7 +93,8 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
         const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128,
                  "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits),
-                 "PASS": pass_, "R": rows, "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits, "INTERPRETED": 0}
+                 "PASS": pass_, "R": rows, "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits,
+                 "INTERPRETED": 0}
         ir: dict = {}
         use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
