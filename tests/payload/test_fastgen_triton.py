@@ -65,9 +65,8 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
 
 
 # the attention kernel's non-constexpr argument types as fastgen launches it on a bf16 cache (others are i32), and
-# what the launch passes divisible by 16: every pointer, the strides and the length (4,096 / 128 / 768 elements)
-# the runtime arguments typed as inductor's compile of the step types them (a Python float would be fp64 there:
-# test_the_attention_kernel_takes_no_runtime_float)
+# what the launch passes divisible by 16: every pointer, the strides and the length (4,096 / 128 / 768 elements).
+# No float: inside the compiled step inductor types a Python float fp64 (the test after the next one)
 _ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
                     "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
 _ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_ptr")), "sq_b", "sq_h", "sk_b", "sk_h",
@@ -107,6 +106,7 @@ def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as
     value attend passes: a Python float as fp64. The softmax scale passed that way made the scores fp64 and the
     compile failed on the H200 (2026-12-05), while the ahead-of-time test above, typing it fp32 by hand, passed.
     Here the launch's own arguments are recorded (the kernel not run) and typed that way, then compiled."""
+    pytest.importorskip("triton")
     from rlstack.payload.fastgen import split_attention as sa
 
     launches: list[tuple[tuple, dict]] = []
