@@ -73,6 +73,16 @@ _ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_pt
                                 "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"})
 
 
+def _attention_const(**changes: int) -> dict:
+    """The attention kernel's constexprs as fastgen launches it for the Qwen3-4B shape (8 KV heads of 4 query
+    heads, head dim 128, a bool mask, compiled not interpreted): one split of one pass, with ``changes``."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    return {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
+            "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": 1, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
+            "INTERPRETED": 0, **changes}
+
+
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
 @pytest.mark.parametrize("batch", [8, 64])
 def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling(capability: int,
@@ -90,10 +100,8 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
     r = sa.rows_per_entry(4)
     s1 = sa.splits_for(batch // r, 8, 768)
     for pass_, rows, splits, first in ((0, 1, every, 0), (1, r, s1, 0), (2, 1, every, s1)):
-        const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": splits, "D": 128, "BLOCK_D": 128,
-                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": sa.iters_for(768, splits),
-                 "PASS": pass_, "R": rows, "SPLIT0": first, "TOTAL": first + splits if pass_ == 2 else splits,
-                 "INTERPRETED": 0}
+        const = _attention_const(SPLITS=splits, ITERS=sa.iters_for(768, splits), PASS=pass_, R=rows, SPLIT0=first,
+                                 TOTAL=first + splits if pass_ == 2 else splits)
         ir: dict = {}
         use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
@@ -143,9 +151,7 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
 
     ptx = {}
     for iters in (3, 24):
-        const = {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128,
-                 "BLOCK_H": sa.MIN_BLOCK_H, "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": iters, "PASS": 0, "R": 1,
-                 "SPLIT0": 0, "TOTAL": 1, "INTERPRETED": 0}
+        const = _attention_const(ITERS=iters)
         ir: dict = {}
         _register_use(sa.kernel(), _ATTENTION_TYPES, const, 90, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         ptx[iters] = ir["ptx"]
