@@ -13,6 +13,13 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 log() { echo "docker-setup: $*" >&2; }
 
+# An apt-get stopped mid-install leaves packages unpacked but not configured (dpkg "iU"): the docker binary is
+# there, so the checks below pass, yet dockerd cannot start. dpkg --audit lists such packages; finish them first.
+if command -v dpkg >/dev/null 2>&1 && [ -n "$(dpkg --audit 2>/dev/null)" ]; then
+  log "packages left half-installed by an interrupted apt-get; running dpkg --configure -a"
+  DEBIAN_FRONTEND=noninteractive $SUDO dpkg --configure -a
+fi
+
 need_pkgs=()
 [ -x "$DOCKER" ] || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
