@@ -188,6 +188,25 @@ def test_off_cuda_without_the_interpreter_it_is_refused_saying_why(monkeypatch: 
     assert "use decode_attention='matmul'" in str(err.value)  # what to do instead
 
 
+def test_the_default_attention_is_the_triton_kernel_on_cuda_only_where_it_can_run() -> None:
+    from rlstack.payload.fastgen.engine import auto_attention
+
+    assert auto_attention("cuda", True, 0, None) == "triton"
+    assert auto_attention("cpu", True, 0, None) == "matmul"  # the interpreter is for tests, never a default
+    assert auto_attention("cuda", False, 0, None) == "matmul"  # PEFT modules, gqa_attention off, reference kernels
+    assert auto_attention("cuda", True, 256, None) == "matmul"  # attend_bucket compiles a step per read length
+    assert auto_attention("cuda", True, 0, "decode_attention needs the triton package") == "matmul"
+
+
+def test_the_default_engine_attends_with_matmuls_on_the_cpu_even_under_the_interpreter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    engine = fastgen.FastGenerator(_tiny(), compile=False)
+    assert engine.decode_attention == "matmul" and "decode attention" not in engine.describe()
+    with pytest.raises(fastgen.FastgenError, match="shared_prompt .* triton decode attention"):
+        fastgen.FastGenerator(_tiny(), compile=False, shared_prompt=True)  # auto chose matmul: said, not dropped
+
+
 def test_the_split_k_gemm_is_refused_off_cuda_and_without_the_merged_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(fastgen.FastgenError, match="skinny_gemm=True runs on CUDA"):

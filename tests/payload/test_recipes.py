@@ -212,7 +212,7 @@ def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> N
     with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) attend_buckets; FastGenerator takes: .*"
                                           r"attend_bucket"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.attend_buckets=256"])
-    with pytest.raises(RecipeError, match="unknown fastgen decode_attention 'flex'; one of matmul, triton"):
+    with pytest.raises(RecipeError, match="unknown fastgen decode_attention 'flex'; one of auto, matmul, triton"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex"])  # retired 2026-12-04
     assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=row"]).grpo.fastgen_options == {"fp8": "row"}
     with pytest.raises(RecipeError, match="unknown fastgen fp8 True; one of off, row, tensor"):

@@ -1,6 +1,6 @@
 """fastgen's decode attention as a split-KV Triton kernel (``FastGenerator(decode_attention="triton")``).
 
-Why: the default decode attention (grouped matmuls, ``engine.gqa_decode_attention``) has static shapes, so it
+Why: the matmul decode attention (grouped matmuls, ``engine.gqa_decode_attention``) has static shapes, so it
 reads every slot of the static cache at every step: at 64 sequences over a 768-slot cache that is 7.25 GB a step
 (2.34 ms on the H200, ~3.1 TB/s), while the filled slots average 466 of the 768 over a 512-token generation; at 8
 sequences its skinny batched GEMMs (4 query heads per KV head) reach ~40 % of the copy bandwidth (0.55 ms for
