@@ -188,6 +188,19 @@ def test_off_cuda_without_the_interpreter_it_is_refused_saying_why(monkeypatch: 
     assert "use decode_attention='matmul'" in str(err.value)  # what to do instead
 
 
+def test_a_launch_shape_is_checked_when_made_and_sets_the_splits() -> None:
+    from rlstack.payload.fastgen import split_attention as sa
+
+    assert sa.Tuning(block_n=sa.BLOCK_N, num_warps=sa.NUM_WARPS, programs=sa.TARGET_PROGRAMS) == sa.TUNING
+    for bad in ({"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"programs": 0}, {"num_stages": 0}):
+        with pytest.raises(ValueError, match="split attention"):
+            sa.Tuning(**bad)
+    wide = sa.Tuning(block_n=64, programs=2048)
+    assert sa.splits_for(64, 8, 768, wide) == 4 and sa.splits_for(64, 8, 768) == 1
+    assert sa.iters_for(768, 4, wide) == 3  # 192 slots a split: 3 blocks of 64
+    assert wide.label() == "block_n=64,num_warps=8,programs=2048,num_stages=default"
+
+
 def test_the_default_attention_is_the_triton_kernel_on_cuda_only_where_it_can_run() -> None:
     from rlstack.payload.fastgen.engine import auto_attention
 

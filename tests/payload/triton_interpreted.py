@@ -96,6 +96,26 @@ def test_the_prompt_read_once_a_group_attends_as_every_row_reading_its_own(h: in
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("tuning", [split_attention.Tuning(block_n=64, num_warps=4, programs=2048, num_stages=2),
+                                    split_attention.Tuning(block_n=16, programs=64)], ids=["wide", "narrow"])
+def test_another_launch_shape_attends_as_the_default_one(tuning: split_attention.Tuning) -> None:
+    """bench/attention_sweep.py times launch shapes other than the engine's: each must compute the same attention
+    (more or fewer splits, other blocks), the slots after ``slot`` unread (NaN), with and without the prompt pass."""
+    b, h, kv, d, length, slot, prompt = 5, 8, 2, 16, 200, 150, 40
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(b, n, m, d, generator=g).to(torch.bfloat16) for n, m in ((h, 1), (kv, length), (kv, length)))
+    keep = torch.ones(b, length, dtype=torch.bool)
+    keep[1, :4] = False
+    want = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3)
+    k[:, :, slot + 1:], v[:, :, slot + 1:] = float("nan"), float("nan")
+    got = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, tuning=tuning)
+    torch.testing.assert_close(got.float(), want.float(), rtol=4e-2, atol=4e-2)
+    table = torch.tensor(split_attention.entry_table([[0], [1], [2], [3], [4]], b, 4), dtype=torch.int32)
+    grouped = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, (table, torch.tensor([prompt])),
+                                     tuning=tuning)
+    torch.testing.assert_close(grouped.float(), want.float(), rtol=4e-2, atol=4e-2)
+
+
 def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
     assert split_attention.splits_for(8, 8, 768) == 8  # 64 (sequence, KV head) pairs x 8 = 512 programs
     assert split_attention.splits_for(64, 8, 768) == 1

@@ -27,6 +27,7 @@ CPU interpreter (TRITON_INTERPRET=1, set before triton is imported), which is ho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -38,6 +39,43 @@ BLOCK_N = 32  # cache slots per inner iteration
 NUM_WARPS = 8
 MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Qwen3-4B) are padded to it
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The kernel's launch shape: cache slots per inner iteration (``block_n``), warps per program, how many
+    programs a call asks for (``programs``: the splits per (sequence, KV head) follow from it) and Triton's
+    software-pipelining depth (``num_stages``; None: Triton's default for the GPU).
+
+    Why a value and not only the constants: alone on the H200 the kernel read the cache at ~2.2 TB/s against the
+    grouped matmuls' ~3.1 (2026-12-05, bench/notes.md), and which shape reads faster is a GPU measurement
+    (``bench/attention_sweep.py`` times a grid of these); the engine uses ``TUNING`` until one wins there."""
+
+    block_n: int = BLOCK_N
+    num_warps: int = NUM_WARPS
+    programs: int = TARGET_PROGRAMS
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"split attention {name} must be a power of two, not {value!r}")
+        if self.block_n < 16:
+            raise ValueError(f"split attention block_n must be >= 16 (tl.dot's smallest size), not {self.block_n}")
+        if not isinstance(self.programs, int) or self.programs < 1:
+            raise ValueError(f"split attention programs must be a positive count, not {self.programs!r}")
+        if self.num_stages is not None and (not isinstance(self.num_stages, int) or self.num_stages < 1):
+            raise ValueError(f"split attention num_stages must be >= 1 or None, not {self.num_stages!r}")
+
+    def label(self) -> str:
+        """``block_n=32,num_warps=8,programs=512,num_stages=default``: one results row's key."""
+        return ",".join(f"{f.name}={getattr(self, f.name) if getattr(self, f.name) is not None else 'default'}"
+                        for f in dataclasses.fields(self))
+
+
+TUNING = Tuning()  # what the engine launches with
 
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
 _INTERPRETED = False  # whether kernel() built it for Triton's interpreter (float32 dots, a fixed trip count)
@@ -151,17 +189,18 @@ def kernel() -> Any:
     return split_kernel
 
 
-def splits_for(batch: int, kv_heads: int, length: int) -> int:
+def splits_for(batch: int, kv_heads: int, length: int, tuning: Tuning = TUNING) -> int:
     """How many splits of the cache each (sequence, KV head) gets: enough programs to fill the GPU
-    (TARGET_PROGRAMS), never more than the cache has blocks. Static per shape, like the rest of a captured step."""
-    want = max(1, math.ceil(TARGET_PROGRAMS / (batch * kv_heads)))
-    return max(1, min(want, math.ceil(length / BLOCK_N)))
+    (``tuning.programs``), never more than the cache has blocks. Static per shape, like the rest of a captured
+    step."""
+    want = max(1, math.ceil(tuning.programs / (batch * kv_heads)))
+    return max(1, min(want, math.ceil(length / tuning.block_n)))
 
 
-def iters_for(length: int, splits: int) -> int:
+def iters_for(length: int, splits: int, tuning: Tuning = TUNING) -> int:
     """The kernel's fixed trip count: the blocks of the longest split (a split covers at most length / splits
     slots, rounded up; the filled slots, split at run time, never need more)."""
-    return math.ceil(math.ceil(length / splits) / BLOCK_N)
+    return math.ceil(math.ceil(length / splits) / tuning.block_n)
 
 
 def rows_per_entry(g: int) -> int:
@@ -208,12 +247,13 @@ def mask_argument(mask: Any, fallback: Any) -> tuple[int, Any]:
 
 
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
-           groups: tuple[Any, Any] | None = None) -> Any:
+           groups: tuple[Any, Any] | None = None, tuning: Tuning = TUNING) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
     (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
     of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
-    then read once per entry (the module docstring). Returns [B, H, 1, D] in the query's dtype."""
+    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``). Returns
+    [B, H, 1, D] in the query's dtype."""
     import torch
 
     b, h, _, d = query.shape
@@ -227,18 +267,20 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     kind, m = mask_argument(mask, q)
     # (pass, sequences an entry, splits): every filled slot at once, or the prompt's once an entry then the rest
     if groups is None:
-        passes = [(0, 1, splits_for(b, kv, length))]
+        passes = [(0, 1, splits_for(b, kv, length, tuning))]
         rows, prefix = slot, slot  # any pointers: pass 0 reads neither
     else:
         rows, prefix = groups
         r = rows.shape[1]
-        passes = [(1, r, splits_for(-(-b // r), kv, length)), (2, 1, splits_for(b, kv, length))]
+        passes = [(1, r, splits_for(-(-b // r), kv, length, tuning)), (2, 1, splits_for(b, kv, length, tuning))]
     total = sum(p[2] for p in passes)
     o = torch.empty((b, h, total, d), dtype=torch.float32, device=query.device)
     lse = torch.empty((b, h, total), dtype=torch.float32, device=query.device)
     block_d = 1 << max(4, (d - 1).bit_length())
     # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
     split = _KERNEL if _KERNEL is not None else kernel()
+    # num_stages only where the tuning names one: the engine's launch stays the call it has always been
+    stages = {} if tuning.num_stages is None else {"num_stages": tuning.num_stages}
     first = 0
     for kind_of_pass, r, splits in passes:
         block_h = max(MIN_BLOCK_H, 1 << max(0, (r * g - 1).bit_length()))
@@ -246,9 +288,9 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
             q, key, value, m, slot, rows, prefix, o, lse,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length,
-            SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=BLOCK_N, MASK=kind,
-            ITERS=iters_for(length, splits), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
-            INTERPRETED=_INTERPRETED, num_warps=NUM_WARPS)
+            SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=tuning.block_n,
+            MASK=kind, ITERS=iters_for(length, splits, tuning), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
+            INTERPRETED=_INTERPRETED, num_warps=tuning.num_warps, **stages)
         first += splits
     # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
     top = lse.amax(dim=-1, keepdim=True)
