@@ -18,7 +18,7 @@ slots): a fast shape that computes something else is marked `ok` false and never
     python3 bench/attention_sweep.py                      on a CUDA machine with torch and triton (no other
                                                           package: the device tool's H200 as it comes)
         [--batches 8,64] [--fills 466,768] [--block-n 32,64] [--warps 4,8] [--programs 512,2048]
-        [--stages default,2]                              the grid: every combination, default first
+        [--stages default,2,4]                            the grid: every combination, default first
     RLSTACK_BENCH_SMOKE=1 python bench/attention_sweep.py  the CPU, Triton's interpreter, tiny shapes: the
                                                           script's logic only (results to /tmp)
 Results: bench/results/attention_sweep.{json,md}; the best tuning per (batch, fill) is in the JSON's `best`.
@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-n", type=ints, default=[32, 64], help="cache slots per inner iteration")
     ap.add_argument("--warps", type=ints, default=[4, 8])
     ap.add_argument("--programs", type=ints, default=[512, 2048], help="programs a call asks for (splits follow)")
-    ap.add_argument("--stages", type=stage_list, default=[None, 2], help="pipeline stages; default: Triton's")
+    ap.add_argument("--stages", type=stage_list, default=[None, 2, 4],
+                    help="pipeline stages; default: Triton's (3 on sm_90)")
     ap.add_argument("--reps", type=int, default=20, help="timed graph replays per row")
     a = ap.parse_args(argv)
     if not common.SMOKE and not _cuda():
