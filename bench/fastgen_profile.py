@@ -134,7 +134,6 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
       weight_left_copy  the same and its transpose copied back to [batch, n] (what a drop-in Linear would pay)
       cublaslt          x @ W.T with torch's preferred BLAS set to cuBLASLt for the call (the process's
                         preference is put back after)
-      split_k           fastgen.skinny's split-K Triton kernel (skinny_gemm), where batch <= its MAX_ROWS
       fp8_row, fp8_tensor  fastgen.fp8.linear (fp8="row" / "tensor"): the activation's scales and e4m3 copy,
                         then torch._scaled_mm on the weight's e4m3 copy (eager kernels here; inductor fuses the
                         first two in the step)
@@ -142,7 +141,7 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
       (fp8 forms on GPUs of compute capability >= 8.9)"""
     import torch
 
-    from rlstack.payload.fastgen import fp8, skinny
+    from rlstack.payload.fastgen import fp8
 
     dev, dt = common.DEVICE, torch.bfloat16
     parts: dict[str, dict[str, Any]] = {}
@@ -172,12 +171,6 @@ def time_gemms(cfg: Any, batch: int) -> tuple[dict[str, dict[str, Any]], dict[st
                 timed["cublaslt"] = graph_ms(body)
             finally:
                 torch.backends.cuda.preferred_blas_library(before)
-            if batch <= skinny.MAX_ROWS:
-                def split_k(w: Any = w, x: Any = x, count: int = count) -> None:
-                    for i in range(count):
-                        skinny.matmul(x, w[i])
-
-                timed["split_k"] = graph_ms(split_k)
             if fp8.unavailable(torch.device(dev)) is None:
                 w8 = w.to(fp8.FP8)
                 for kind, scale in (("row", torch.ones(n_out, device=dev)), ("tensor", torch.ones((), device=dev))):
@@ -444,7 +437,6 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
                            "graph_error": eng.graph_error, "pick_error": eng.pick_error,
-                           "skinny_gemms": eng.skinny_gemms,
                            "fastgen_describe": eng.describe()}
     # the graph over the whole cache (with attend_bucket, the one of the generation's last read length)
     entry = eng._graphs.get((batch, cache_len, cache_len)) if cache_len else None
@@ -479,12 +471,6 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = once(("pick", batch, sampling), lambda: time_pick_parts(cfg, batch, sampling))
     row["gemm_parts"], row["gemm_forms"] = once(("gemms", batch), lambda: time_gemms(cfg, batch))
-    if eng.skinny_gemms:  # the engine runs these through fastgen.skinny: the step's GEMM sum counts that kernel
-        from rlstack.payload.fastgen import skinny
-
-        for name in skinny.TARGETS:
-            if "split_k" in row["gemm_forms"].get(name, {}):
-                row["gemm_parts"][name]["ms"] = row["gemm_forms"][name]["split_k"]
     if getattr(eng, "fp8", "off") != "off":  # the engine's projections are fastgen.fp8's (lm_head stays bf16)
         form = f"fp8_{eng.fp8}"
         for name, forms in row["gemm_forms"].items():

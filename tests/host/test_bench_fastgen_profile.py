@@ -73,7 +73,7 @@ def test_a_variant_whose_compiled_step_failed_is_not_timed_eager(profile: Module
 
 def test_shape_timings_are_measured_once_a_process_and_handed_out_as_copies(profile: ModuleType) -> None:
     """Variants share the GEMM, pick and attention timings of a shape (they do not depend on the engine), and a
-    row that edits its copy (gemm_columns adds fields, skinny_gemm swaps a time) leaves the next row's alone."""
+    row that edits its copy (gemm_columns adds fields, fp8 swaps a time) leaves the next row's alone."""
     calls: list[int] = []
 
     def measure() -> dict:

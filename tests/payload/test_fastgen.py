@@ -900,7 +900,7 @@ def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatc
 
 
 @pytest.mark.parametrize("option", [{"compile": True}, {"attend_bucket": 128}, {"decode_attention": "triton"},
-                                    {"skinny_gemm": True}, {"compile_pick": True}, {"graph": "trees"}])
+                                    {"compile_pick": True}, {"graph": "trees"}])
 def test_reference_kernels_refuse_options_that_change_the_kernels(option: dict) -> None:
     with pytest.raises(fastgen.FastgenError, match=f"reference_kernels .*{next(iter(option))}="):
         fastgen.FastGenerator(_tiny(0), reference_kernels=True, **option)

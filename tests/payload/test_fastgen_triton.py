@@ -158,22 +158,6 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
     assert ptx[3] == ptx[24]
 
 
-@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
-@pytest.mark.parametrize(("n", "k"), [(2560, 4096), (2560, 9728)], ids=["o_proj", "down_proj"])
-def test_the_split_k_gemm_compiles_for_hopper_and_blackwell_without_spilling(capability: int, n: int,
-                                                                             k: int) -> None:
-    """The same ahead-of-time check for fastgen.skinny's kernel at the Qwen3-4B shapes it replaces."""
-    from rlstack.payload.fastgen import skinny
-
-    const = {"BLOCK_M": skinny.MAX_ROWS, "BLOCK_N": skinny.BLOCK_N, "BLOCK_K": skinny.BLOCK_K,
-             "ITERS": skinny.launch_shape(n, k)[1], "WIDEN": 0}
-    ir: dict = {}
-    use = _register_use(skinny.kernel(), {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*fp32"}, const,
-                        capability, 4, {"x_ptr", "w_ptr", "p_ptr", "n", "k", "sx", "sw"}, ir)
-    assert use["STACK"] == "0" and int(use["REG"]) <= 255, use
-    assert "cp.async" in ir["ptx"], "the weight's loads are not pipelined"
-
-
 def _tiny() -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -220,17 +204,6 @@ def test_the_default_engine_attends_with_matmuls_on_the_cpu_even_under_the_inter
         fastgen.FastGenerator(_tiny(), compile=False, shared_prompt=True)  # auto chose matmul: said, not dropped
 
 
-def test_the_split_k_gemm_is_refused_off_cuda_and_without_the_merged_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(fastgen.FastgenError, match="skinny_gemm=True runs on CUDA"):
-        fastgen.FastGenerator(_tiny(), compile=False, skinny_gemm=True)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # past the device check (nothing is built before it)
-    peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(_tiny(), peft.LoraConfig(r=2, target_modules="all-linear"))
-    with pytest.raises(fastgen.FastgenError, match="skinny_gemm needs the merged shadow"):
-        fastgen.FastGenerator(lora, compile=False, skinny_gemm=True, merge_lora=False)
-
-
 def test_sequences_of_one_prompt_are_found_and_tabled_for_the_prompt_pass() -> None:
     from rlstack.payload.fastgen import split_attention as sa
 
@@ -260,7 +233,7 @@ def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused()
 @pytest.mark.parametrize("shared_prompt", [False, True], ids=["every-slot", "prompt-once-a-group"])
 def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch,
                                                                          shared_prompt: bool) -> None:
-    """What torch.compile makes of the decode step with both kernels (decode_attention="triton", skinny_gemm),
+    """What torch.compile makes of the decode step with the triton attention (decode_attention="triton"),
     traced on the host as on an sm_90 GPU: dynamo takes each kernel call as a user-defined Triton kernel inside
     one graph (fullgraph: no break around it), and functionalization, which reads the kernels' TTIR to find what
     they write, clones only their outputs. A kernel it thought wrote its inputs would copy the KV cache (or a
@@ -297,7 +270,7 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     monkeypatch.setattr(triton_support, "available", lambda *args: None)
     monkeypatch.setattr(driver, "_active", _Hopper())
     model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
-    engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton", skinny_gemm=True,
+    engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton",
                                    shared_prompt=shared_prompt)
     batch, length = 3, 128
     engine._reserve(batch, length)
@@ -320,13 +293,13 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
                           dynamic=False)(loop.tok, mask, loop.pos, cache, loop.slot, None, engine._groups(loop))
     finally:
         torch._dynamo.reset()
-    assert len(graphs) == 1 and engine.skinny_gemms == 4  # o_proj and down_proj of both layers
+    assert len(graphs) == 1
     import re
 
     code = graphs[0].code
     calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
     clones = sorted({name.strip(" '") for call in calls for name in call.split(",")})
-    assert len(calls) == 2 * (2 if shared_prompt else 1) + 4 and clones == ["lse_ptr", "o_ptr", "p_ptr"], calls
+    assert len(calls) == 2 * (2 if shared_prompt else 1) and clones == ["lse_ptr", "o_ptr"], calls
 
 
 def test_a_computed_bool_mask_reaches_the_kernel_through_inductors_lowering() -> None:

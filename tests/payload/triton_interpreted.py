@@ -1,4 +1,4 @@
-"""fastgen's Triton kernels (fastgen.split_attention, fastgen.skinny) in Triton's CPU interpreter. Not collected on its
+"""fastgen's Triton kernel (fastgen.split_attention) in Triton's CPU interpreter. Not collected on its
 own: tests/payload/test_fastgen_triton.py runs this file in a process started with TRITON_INTERPRET=1, because
 ``triton.jit`` decides at decoration, for triton.language's own helpers too, whether it compiles or interprets."""
 
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from test_fastgen import _prompts, _tiny  # noqa: E402  (this folder is on the path, as pytest puts it)
 
 from rlstack.payload import fastgen  # noqa: E402
-from rlstack.payload.fastgen import skinny, split_attention  # noqa: E402
+from rlstack.payload.fastgen import split_attention  # noqa: E402
 from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention  # noqa: E402
 
 
@@ -185,44 +185,3 @@ def test_fp8_projections_with_the_triton_attention_decode_what_fp8_alone_decodes
                                 decode_attention="triton", shared_prompt=True, **sample)
         fastgen.release(model)
         assert torch.equal(alone, both), sample
-
-
-@pytest.mark.parametrize(("m", "n", "k"), [(3, 100, 200), (8, 640, 1024), (16, 64, 64), (1, 130, 4100)],
-                         ids=["ragged", "o_proj-like", "one-block", "one-row-long-k"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_split_k_gemm_multiplies_as_torch_does(m: int, n: int, k: int, dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(m * n + k)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    w = torch.randn(n, k, generator=g).to(dtype) / k ** 0.5
-    want = (x.float() @ w.float().t()).to(dtype)
-    got = skinny.matmul(x, w)
-    assert got.shape == (m, n) and got.dtype == dtype
-    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: the output's own rounding
-    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-    splits, iters = skinny.launch_shape(n, k)
-    assert (splits - 1) * iters * skinny.BLOCK_K < k <= splits * iters * skinny.BLOCK_K  # no empty split
-
-
-@pytest.mark.parametrize("options", [{"skinny_gemm": True}, {"skinny_gemm": True, "decode_attention": "triton"}],
-                         ids=["skinny", "skinny+triton-attention"])
-def test_fastgen_with_the_split_k_projections_decodes_what_generate_decodes(options: dict) -> None:
-    """o_proj and down_proj through the split-K kernel at decode (prefill keeps F.linear): greedy and seeded
-    sampling give generate's tokens through a LoRA shadow, and an adapter update reaches the next generation."""
-    model = peft.get_peft_model(_tiny(26), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
-    model.eval()
-    ids, mask = _prompts(26)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    got = fastgen.generate(model, ids, mask, 12, do_sample=False, pad_token_id=0, compile=False, **options)
-    assert torch.equal(ref, got)
-    engine = fastgen.get_engine(model)
-    layers = engine.decoder.config.num_hidden_layers
-    assert engine.skinny_gemms == 2 * layers and f"split-K GEMMs for {2 * layers} projections" in engine.describe()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.add_(torch.randn_like(p) * 0.5)
-    torch.manual_seed(3)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=50,
-                         pad_token_id=0)
-    torch.manual_seed(3)
-    assert torch.equal(ref, fastgen.generate(model, ids, mask, 12, do_sample=True, top_k=50, pad_token_id=0))

@@ -458,7 +458,7 @@ class _Shadow:
     built from a pristine copy of it, so generation runs transformers' code on the trained tensors."""
 
     def __init__(self, peft_model: Any, dtype: Any, gqa_attention: bool = True, pristine: bool | None = None,
-                 fuse_projections: bool = True, skinny_gemm: bool = False, fp8: str = "off") -> None:
+                 fuse_projections: bool = True, fp8: str = "off") -> None:
         import copy
 
         import torch
@@ -550,11 +550,6 @@ class _Shadow:
             raise FastgenError(f"fastgen: shadow model has unmapped tensors: {leftover[:5]}", "use merge_lora=False")
         # GEMMs a decode step saves by fusing (0 where nothing could be fused: shared weights, biases, other names)
         self.fused_gemms_saved = fused.install(shadow, groups, fused_bufs) if groups else 0
-        self.skinny_gemms = 0  # projections through fastgen.skinny's split-K kernel (skinny_gemm)
-        if skinny_gemm:
-            from rlstack.payload.fastgen import skinny
-
-            self.skinny_gemms = skinny.install(shadow, owned)
         self._fp8: list[Any] = []  # fastgen.fp8.Fp8Weight of every projection (fp8), quantized at each refresh
         if fp8 != "off":
             from rlstack.payload.fastgen import fp8 as fp8_module
@@ -805,7 +800,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
-                "decode_attention": ("auto", "matmul"), "skinny_gemm": (False,), "compile_pick": (False,),
+                "decode_attention": ("auto", "matmul"), "compile_pick": (False,),
                 "fp8": ("off",)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
@@ -851,22 +846,23 @@ class FastGenerator:
       kernels (eager: ~15, each reading or writing the whole tensor: 0.47 ms at 64 sequences on the H200). Random
       numbers stay aten's (inductor's ``fallback_random``), so the draw consumes the generator as the eager pick
       does. Where its compile fails (``pick_error``) the eager pick takes over, once, saying why.
-    * ``skinny_gemm=True`` (default off until measured on a GPU): the shadow's o_proj and down_proj run through
-      a split-K Triton GEMM (``fastgen.skinny``) at decode (<= 16 rows); ``skinny_gemms`` says how many
-      projections (0: the shadow owns none of them). CUDA (or Triton's CPU interpreter).
-    * ``fp8="row"`` or ``"tensor"`` (default "off" until measured on a GPU): every projection but lm_head
-      through its FP8 copy (``fastgen.fp8``: e4m3 with row-wise or per-tensor scales, torch._scaled_mm; compute
-      capability >= 8.9, or the CPU); ``fp8_weights`` says how many copies. Needs the merged shadow; not with
-      skinny_gemm.
-    * ``reference_kernels=True`` (default off; measured on the CPU only): decode with transformers' own modules
-      and kernels, as its generate does over a static cache: the model itself (a PEFT model's LoRA modules
-      unmerged), no inductor, no fastgen attention, no fused projections; on CUDA the eager step is captured into
-      a CUDA graph and replayed, so what is left of fastgen is the static cache, the graph and the in-place pick.
+    * A split-K Triton GEMM for o_proj and down_proj at decode (``skinny_gemm``) was measured slower than cuBLAS
+      on every projection at 8 rows on the H200 (o_proj 0.522 against 0.432 ms a step, down_proj 0.788 against
+      0.707; 2026-12-05, bench/notes.md) and retired.
+    * ``fp8="row"`` or ``"tensor"`` (default "off": its rollouts come from an FP8 approximation of the policy):
+      every projection but lm_head through its FP8 copy (``fastgen.fp8``: e4m3 with row-wise or per-tensor
+      scales, torch._scaled_mm; compute capability >= 8.9, or the CPU); ``fp8_weights`` says how many copies.
+      Needs the merged shadow.
+    * ``reference_kernels=True`` (default off; 100 % of generate's greedy tokens on the H200, 2026-12-05):
+      decode with transformers' own modules and kernels, as its generate does over a static cache: the model
+      itself (a PEFT model's LoRA modules unmerged), no inductor, no fastgen attention, no fused projections; on
+      CUDA the eager step is captured into a CUDA graph and replayed, so what is left of fastgen is the static
+      cache, the graph and the in-place pick.
       Why: every fused bf16 engine measured (fastgen's default, transformers' own compiled static cache) agreed
       with eager generate on 68-81 % of greedy positions on the H200, flipping near-ties; transformers' static
       cache run eagerly agreed on 100 % (bench/notes.md). This is that path at graph speed, for evaluations that
       must give generate's answers. It refuses the options that change the kernels (compile=True, attend_bucket,
-      decode_attention, skinny_gemm, compile_pick, graph="trees"), and models whose classes Unsloth patched (their
+      decode_attention, compile_pick, graph="trees"), and models whose classes Unsloth patched (their
       forward is not transformers' code).
     """
 
@@ -875,7 +871,7 @@ class FastGenerator:
                  compile_mode: str | None = None, memory_check: bool | None = None,
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "auto",
-                 compile_pick: bool = False, skinny_gemm: bool = False, reference_kernels: bool = False,
+                 compile_pick: bool = False, reference_kernels: bool = False,
                  fp8: str = "off", shared_prompt: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
@@ -885,8 +881,7 @@ class FastGenerator:
         self.reference_kernels = reference_kernels
         if reference_kernels:
             _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
-                                   decode_attention=decode_attention, skinny_gemm=skinny_gemm,
-                                   compile_pick=compile_pick, fp8=fp8)
+                                   decode_attention=decode_attention, compile_pick=compile_pick, fp8=fp8)
             compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
         self.compile = (self.device.type == "cuda") if compile is None else compile
         # the eager step is captured too where reference_kernels asks for transformers' kernels (see _capture)
@@ -917,12 +912,10 @@ class FastGenerator:
             if value != off and not own_attention:
                 raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
                                    f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
-        for name, value, off in (("decode_attention", decode_attention, "matmul"), ("skinny_gemm", skinny_gemm, False)):
-            why = triton_support.available(self.device.type, f"{name}={value!r}") if value != off else None
-            if why is not None:
-                raise FastgenError(f"fastgen: {why}", f"use {name}={off!r} here")
-        if skinny_gemm and self.peft and not self.merge_lora:
-            raise FastgenError("fastgen: skinny_gemm needs the merged shadow", "keep merge_lora=True (the default)")
+        why = triton_support.available(self.device.type, f"decode_attention={decode_attention!r}") \
+            if decode_attention != "matmul" else None
+        if why is not None:
+            raise FastgenError(f"fastgen: {why}", "use decode_attention='matmul' here")
         if fp8 not in FP8_SCALES:
             raise FastgenError(f"fastgen: unknown fp8 {fp8!r}", f"use one of {', '.join(FP8_SCALES)}")
         if fp8 != "off":
@@ -934,9 +927,6 @@ class FastGenerator:
             if not self.own_decoder:
                 raise FastgenError("fastgen: fp8 needs the merged shadow (its weights are what it quantizes)",
                                    "keep merge_lora=True (the default)")
-            if skinny_gemm:
-                raise FastgenError("fastgen: fp8 and skinny_gemm both replace o_proj and down_proj",
-                                   "choose one of them")
         self.fp8 = fp8
         if shared_prompt and decode_attention != "triton":
             raise FastgenError("fastgen: shared_prompt reads the prompt once per group through the triton decode "
@@ -944,7 +934,6 @@ class FastGenerator:
         self.shared_prompt = shared_prompt
         if decode_attention == "triton":
             split_attention.kernel()  # built here, not inside the compiled step (see kernel)
-        self.skinny_gemm = skinny_gemm
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
         self.compile_pick = compile_pick and self.compile
@@ -982,8 +971,7 @@ class FastGenerator:
         model = self.model
         if self.own_decoder:
             self._shadow = _Shadow(model, self.dtype, gqa_attention=self.gqa_attention, pristine=self.pristine,
-                                   fuse_projections=self.fuse_projections, skinny_gemm=self.skinny_gemm,
-                                   fp8=self.fp8)
+                                   fuse_projections=self.fuse_projections, fp8=self.fp8)
             self.patches = self._shadow.patches
             self.decoder = self._shadow.model
         else:
@@ -1031,8 +1019,6 @@ class FastGenerator:
         if self.decode_attention != "matmul":
             parts.append(f"{self.decode_attention} decode attention"
                          + (", the prompt read once a group" if self.shared_prompt else ""))
-        if self.skinny_gemm:
-            parts.append(f"split-K GEMMs for {self.skinny_gemms} projections")
         if self.fp8 != "off":
             parts.append(f"FP8 projections ({self.fp8_weights} e4m3 weights, {self.fp8}-wise scales)")
         if self.attend_bucket:
@@ -1051,11 +1037,6 @@ class FastGenerator:
     def fp8_weights(self) -> int:
         """FP8 copies the shadow computes through (fp8; a fused group's is one; 0 before the shadow is built)."""
         return len(self._shadow._fp8) if self._shadow is not None else 0
-
-    @property
-    def skinny_gemms(self) -> int:
-        """Projections through fastgen.skinny's split-K kernel (skinny_gemm; 0 before the shadow is built)."""
-        return self._shadow.skinny_gemms if self._shadow is not None else 0
 
     @property
     def fused_gemms_saved(self) -> int:

@@ -1,6 +1,6 @@
-"""Where fastgen's own Triton kernels (fastgen.split_attention's decode attention, fastgen.skinny's split-K
-GEMM) can run: one check for both, so FastGenerator refuses an option with the same reason whichever kernel it
-asks for. No torch or triton import at module level: FastGenerator's option checks stay cheap."""
+"""Where fastgen's own Triton kernel (fastgen.split_attention's decode attention) can run: one check, which
+FastGenerator uses both to refuse ``decode_attention="triton"`` with a reason and to decide what "auto" takes. No
+torch or triton import at module level: FastGenerator's option checks stay cheap."""
 
 from __future__ import annotations
 
