@@ -140,6 +140,15 @@ def test_rewind_sets_back_what_a_replay_advances(profile: ModuleType) -> None:
         assert len(lengths) == cfg.num_hidden_layers and all(int(t) == 5 for t in lengths)
 
 
+def test_replays_of_a_step_that_reads_the_filled_slots_start_at_the_generations_mean_fill(
+        profile: ModuleType) -> None:
+    assert profile.replay_start(210, 512, 768, reads_filled=False) == 210  # the matmuls read every slot anyway
+    start = profile.replay_start(210, 512, 768, reads_filled=True)
+    assert start + 32 // 2 == 210 + 512 // 2  # a 32-replay chunk from there averages the mean fill, 466
+    assert profile.replay_start(700, 512, 768, reads_filled=True) == 768 - 33  # a chunk stays inside the cache
+    assert profile.replay_start(150, 16, 768, reads_filled=True) == 150  # never before the prompt's end
+
+
 def test_the_two_stage_top_k_gives_the_one_stage_threshold(profile: ModuleType) -> None:
     """Exact, ties and a vocabulary that the chunks do not divide included: only then is its timing a choice."""
     import torch
