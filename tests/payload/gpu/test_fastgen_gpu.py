@@ -306,17 +306,36 @@ def test_reference_kernels_replay_transformers_eager_step_in_a_graph_and_give_ge
 @pytest.mark.parametrize("scales", ["row", "tensor"])
 def test_fp8_projections_run_in_the_cuda_graph_as_in_eager_decoding(scales: str) -> None:
     """fp8 on the GPU (capability >= 8.9): torch._scaled_mm (cuBLASLt) inside the compiled step and its CUDA
-    graph, with the activation scales computed on the device (no sync, or capture fails); the graph's tokens
-    against the same FP8 engine run eagerly, and against bf16 generate for scale (FP8 changes the function: the
-    agreement with generate is reported by bench/fastgen_fidelity.py, not pinned)."""
+    graph, with the activation scales computed on the device (no sync, or capture fails); the graph's first
+    decode step's logits against the same FP8 engine run eagerly, measured against FP8's own error (eager FP8
+    against bf16). Why not greedy tokens: compiled, inductor fuses the norm before a projection with the
+    activation's quantization and keeps the norm's output in float32 where eager rounds it to bf16, so the
+    scales and some e4m3 codes differ (242 of 8,192 codes after a fused RMSNorm, reproduced with inductor on the
+    CPU, 2026-12-05); on this tiny random model (logits' spread ~0.22) that flipped 11-16 % of greedy tokens (the
+    H200: 89.8 % equal for row scales; the CPU: 88.6 % row, 84.1 % tensor), while bf16 compiled against eager
+    agreed on every token. On the CPU the compiled step's logits moved by 0.04-0.06 against FP8's own 0.51-0.57:
+    a graph that read stale weights or scales would move them by FP8's error or more."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 tensor cores need compute capability >= 8.9")
     model = _model().to(torch.bfloat16)
     model.eval()
     ids, mask = _inputs()
-    eager = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=False, fp8=scales)
-    fastgen.release(model)
-    got = fastgen.generate(model, ids, mask, 24, do_sample=False, pad_token_id=0, compile=True, fp8=scales)
-    engine = fastgen.get_engine(model)
-    assert engine.fp8_weights > 0 and engine.compile_error is None and engine.graph_error is None
-    assert (eager == got).float().mean().item() > 0.95, engine.describe()
+
+    def first_steps(**options) -> dict:
+        seen: dict = {}
+        engine = fastgen.get_engine(model, **options)
+        engine.generate(ids, mask, 3, fastgen.Sampling(do_sample=False, pad_token_id=0),
+                        on_logits=lambda k, logits: seen.__setitem__(k, logits.clone()))
+        assert engine.compile_error is None and engine.graph_error is None, engine.describe()
+        assert options.get("fp8", "off") == "off" or engine.fp8_weights > 0
+        fastgen.release(model)
+        return seen
+
+    bf16 = first_steps(compile=False)
+    eager = first_steps(compile=False, fp8=scales)
+    graph = first_steps(compile=True, fp8=scales)
+    # token 0 comes from the prefill, which is not the graph's: the same token, so step 1 reads the same input
+    assert torch.equal(graph[0].argmax(-1), eager[0].argmax(-1))
+    own = (eager[1] - bf16[1]).abs().max().item()  # FP8's own error at the first decode step
+    drift = (graph[1] - eager[1]).abs().max().item()
+    assert own > 0 and drift < 0.25 * own, (drift, own)
