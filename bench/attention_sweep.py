@@ -13,7 +13,9 @@ the splits, eager: inside fastgen's compiled step inductor fuses the merge, the 
 layer reading its own cache, captured as one CUDA graph and replayed (`fastgen_profile.graph_ms`). Columns:
 `ms` a step, `read_TBps` (the filled slots' K and V bytes over that time), `of_copy` (that over the measured
 device copy bandwidth), and `max_err` of layer 0 against a float32 reference (softmax(q k^T) v over the filled
-slots): a fast shape that computes something else is marked `ok` false and never counts as the winner.
+slots): a fast shape that computes something else is marked `ok` false and never counts as the winner. One row
+a batch is the grouped matmuls (decode_attention="matmul", compiled as fastgen's step compiles them,
+`fastgen_profile.time_attention`), which read every slot whatever the fill: the baseline of the "auto" choice.
 
     python3 bench/attention_sweep.py                      on a CUDA machine with torch and triton (no other
                                                           package: the device tool's H200 as it comes)
@@ -143,6 +145,17 @@ def sweep(a: argparse.Namespace) -> int:
         del k, v
         if dev == "cuda":
             torch.cuda.empty_cache()
+        # the grouped matmuls (decode_attention="matmul", compiled as the step compiles them) over the same cache:
+        # they read every slot whatever the fill, so one row a batch, the baseline the "auto" choice stands on
+        cfg = argparse.Namespace(num_attention_heads=heads, num_key_value_heads=kv, head_dim=d,
+                                 num_hidden_layers=layers)
+        base = {"batch": batch, "fill": length, "length": length, "tuning": "matmul (every slot)"}
+        try:
+            base["ms"] = round(fastgen_profile.time_attention(cfg, batch, length, "matmul"), 4)
+        except Exception as exc:  # the baseline is context; the sweep's rows stand without it
+            base["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(base)
+        print(base, flush=True)
     data = {**common.header(), "ceilings": ceilings, "shape": {"layers": layers, "heads": heads, "kv_heads": kv,
                                                                "head_dim": d, "length": length},
             "best": best, "default": sa.TUNING.label()}

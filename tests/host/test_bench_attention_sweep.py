@@ -56,7 +56,9 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
                      "--stages", "default", "--reps", "2", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/attention_sweep.json").read_text())
-    rows = data["table"]
+    (matmul,) = [r for r in data["table"] if r["tuning"] == "matmul (every slot)"]  # the baseline, one a batch
+    assert matmul["ms"] > 0 and matmul["fill"] == matmul["length"] and "ok" not in matmul
+    rows = [r for r in data["table"] if r is not matmul]
     assert rows[0]["tuning"] == data["default"] and rows[0]["vs_default"] == 1  # the engine's shape first
     assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}
     assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 for r in rows)
