@@ -800,8 +800,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
-                "decode_attention": ("auto", "matmul"), "compile_pick": (False,),
-                "fp8": ("off",)}
+                "decode_attention": ("auto", "matmul"), "compile_pick": (False,), "fp8": ("off",)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "

@@ -41,7 +41,6 @@ MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Q
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Tuning:
     """The kernel's launch shape: cache slots per inner iteration (``block_n``), warps per program, how many
