@@ -511,6 +511,11 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
                                                                     sampling), warmup=1, reps=reps))
     row["prefill_ms"] = round(first * 1e3, 3)
     row["prefill_share_ms"] = round(first * 1e3 / new_tokens, 4)
+    # the shadow's refresh alone (LoRA merged into every projection, the FP8 copies quantized again): the part of
+    # prefill_ms that vLLM's bf16 row does not pay, and a candidate of its own (bench/notes.md, 2026-12-05)
+    if eng._shadow is not None:
+        row["refresh_ms"] = round(statistics.median(common.cuda_time(eng._shadow.refresh, warmup=1, reps=reps))
+                                  * 1e3, 3)
     derive_rest(row)
     floor = common.decode_floor(cfg, batch, prompt_len, new_tokens, ceil["copy_bandwidth_Bps"])
     row["floor_ms"] = round(floor["floor_step_s"] * 1e3, 4)

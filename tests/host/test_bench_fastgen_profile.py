@@ -103,6 +103,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path,
     assert fused["gemm_fused"] and not row["gemm_fused"]
     assert row["batch"] == 2 and row["wall_ms"] > 0 and row["sampling_ms"] > 0 and row["gemm_ms"] > 0
     assert row["prefill_share_ms"] > 0 and row["prefill_ms"] > 0  # one-token generates, spread over the run
+    assert 0 < row["refresh_ms"] < row["prefill_ms"]  # the merge alone, part of every generate's fixed cost
     assert {"warp_ms", "draw_ms", "topk_ms", "topk_two_stage_ms"} <= set(row["pick_parts"]) and all(
         v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
