@@ -904,17 +904,16 @@ class FastGenerator:
         own_attention = gqa_attention and self.own_decoder
         from rlstack.payload.fastgen import split_attention, triton_support
 
+        # where the kernel cannot run and why (asked once: "auto" chooses with it, "triton" is refused with it)
+        triton_why = triton_support.available(self.device.type, "decode_attention='triton'")
         if decode_attention == "auto":
-            decode_attention = auto_attention(self.device.type, own_attention, attend_bucket,
-                                              triton_support.available(self.device.type, "decode_attention"))
+            decode_attention = auto_attention(self.device.type, own_attention, attend_bucket, triton_why)
         for name, value, off in (("attend_bucket", attend_bucket, 0), ("decode_attention", decode_attention, "matmul")):
             if value != off and not own_attention:
                 raise FastgenError(f"fastgen: {name} needs fastgen's own decode attention",
                                    f"keep gqa_attention=True and merge_lora=True (the defaults), or {name}={off!r}")
-        why = triton_support.available(self.device.type, f"decode_attention={decode_attention!r}") \
-            if decode_attention != "matmul" else None
-        if why is not None:
-            raise FastgenError(f"fastgen: {why}", "use decode_attention='matmul' here")
+        if decode_attention == "triton" and triton_why is not None:
+            raise FastgenError(f"fastgen: {triton_why}", "use decode_attention='matmul' here")
         if fp8 not in FP8_SCALES:
             raise FastgenError(f"fastgen: unknown fp8 {fp8!r}", f"use one of {', '.join(FP8_SCALES)}")
         if fp8 != "off":
