@@ -510,6 +510,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     first = statistics.median(common.cuda_time(lambda: eng.generate(inputs["input_ids"], inputs["attention_mask"], 1,
                                                                     sampling), warmup=1, reps=reps))
     row["prefill_ms"] = round(first * 1e3, 3)
+    row["prefilled_rows"] = getattr(eng, "prefilled_rows", None)  # fewer than batch: prefill_once served repeats
     row["prefill_share_ms"] = round(first * 1e3 / new_tokens, 4)
     # the shadow's refresh alone (LoRA merged into every projection, the FP8 copies quantized again): the part of
     # prefill_ms that vLLM's bf16 row does not pay, and a candidate of its own (bench/notes.md, 2026-12-05)

@@ -900,7 +900,88 @@ def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatc
 
 
 @pytest.mark.parametrize("option", [{"compile": True}, {"attend_bucket": 128}, {"decode_attention": "triton"},
-                                    {"compile_pick": True}, {"graph": "trees"}])
+                                    {"compile_pick": True}, {"graph": "trees"}, {"prefill_once": True}])
 def test_reference_kernels_refuse_options_that_change_the_kernels(option: dict) -> None:
     with pytest.raises(fastgen.FastgenError, match=f"reference_kernels .*{next(iter(option))}="):
         fastgen.FastGenerator(_tiny(0), reference_kernels=True, **option)
+
+
+def _grpo_prompts(seed: int, per_prompt: int = 4):
+    """GRPO's batch: each of _prompts' three (left-padded) prompts repeated ``per_prompt`` times, in order."""
+    ids, mask = _prompts(seed)
+    return ids.repeat_interleave(per_prompt, 0), mask.repeat_interleave(per_prompt, 0)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_repeated_prompt_is_prefilled_once_and_decodes_as_generate(lora: bool) -> None:
+    """prefill_once (the default): from a shape's second call the prefill runs on one row per distinct prompt and
+    the others take its K/V and logits; greedy and seeded sampling give generate's exact tokens on every call
+    (the first, which allocates the cache, prefills every row)."""
+    model = _tiny(31)
+    if lora:
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
+                                                           init_lora_weights=False))
+    ids, mask = _grpo_prompts(31)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    prefilled = []
+    for _ in range(3):
+        got = fastgen.generate(model, ids, mask, 10, do_sample=False, pad_token_id=0, compile=False)
+        assert torch.equal(ref, got)
+        prefilled.append(fastgen.get_engine(model).prefilled_rows)
+    assert prefilled == [12, 3, 3]
+    torch.manual_seed(9)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=True, top_k=50,
+                         pad_token_id=0)
+    torch.manual_seed(9)
+    got = fastgen.generate(model, ids, mask, 10, do_sample=True, top_k=50, pad_token_id=0, compile=False)
+    assert torch.equal(ref, got) and fastgen.get_engine(model).prefilled_rows == 3
+
+
+def test_prefill_once_gives_the_whole_batchs_logits_in_bf16_and_leaves_other_shapes_alone() -> None:
+    """The same engine options with and without prefill_once: every step's logits equal (bf16, LoRA'd: on the
+    CPU a GEMM's row does not depend on how many rows it has), and distinct prompts prefill every row."""
+    model = peft.get_peft_model(_tiny(32).to(torch.bfloat16),
+                                peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask = _grpo_prompts(32)
+    seen = {}
+    for once in (False, True):
+        engine = fastgen.FastGenerator(model, prefill_once=once, compile=False)
+        for _ in range(2):
+            logits: list[torch.Tensor] = []
+            tokens = engine.generate(ids, mask, 6, fastgen.Sampling(do_sample=False),
+                                     on_logits=lambda k, x, kept=logits: kept.append(x.clone()))
+        seen[once] = (tokens, torch.stack(logits), engine.prefilled_rows)
+    assert torch.equal(seen[False][0], seen[True][0]) and torch.equal(seen[False][1], seen[True][1])
+    assert (seen[False][2], seen[True][2]) == (12, 3)
+    distinct, dmask = _prompts(32)
+    engine = fastgen.FastGenerator(model, compile=False)
+    for _ in range(2):
+        engine.generate(distinct, dmask, 4, fastgen.Sampling(do_sample=False))
+    assert engine.prefilled_rows == 3
+
+
+def test_distinct_rows_groups_by_ids_and_mask_in_order_of_first_appearance() -> None:
+    from rlstack.payload.fastgen.engine import distinct_rows
+
+    ids = torch.tensor([[5, 6], [7, 8], [5, 6], [0, 6], [7, 8]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [0, 1], [1, 1]])
+    assert distinct_rows(ids, mask) == ([0, 1, 3], [0, 1, 0, 2, 1])
+    same_ids = torch.tensor([[0, 6], [0, 6]])
+    assert distinct_rows(same_ids, torch.tensor([[0, 1], [1, 1]])) is None  # the mask tells them apart
+    assert distinct_rows(ids[:2], mask[:2]) is None
+
+
+def test_prefill_once_prefills_every_row_where_the_cache_is_not_one_it_knows() -> None:
+    """A cache not yet allocated (a shape's first call), or one whose layers do not hold the batch's rows as
+    keys/values tensors: every row is prefilled (``_row_views`` is None)."""
+    from rlstack.payload.fastgen.engine import _row_views
+
+    cache = transformers.StaticCache(config=_tiny(0).config, max_cache_len=32)
+    assert _row_views(cache, 4) is None
+    layer = type("Layer", (), {})()
+    layer.keys, layer.values = torch.zeros(4, 2, 32, 16), torch.zeros(4, 2, 32, 16)
+    assert _row_views(type("C", (), {"layers": [layer]})(), 4) == [layer]
+    assert _row_views(type("C", (), {"layers": [layer]})(), 3) is None  # other rows than the batch's
+    layer.values = None
+    assert _row_views(type("C", (), {"layers": [layer]})(), 4) is None
+    assert _row_views(object(), 4) is None
