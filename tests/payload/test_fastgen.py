@@ -985,3 +985,41 @@ def test_prefill_once_prefills_every_row_where_the_cache_is_not_one_it_knows() -
     layer.values = None
     assert _row_views(type("C", (), {"layers": [layer]})(), 4) is None
     assert _row_views(object(), 4) is None
+
+
+def test_the_refresh_merges_plain_lora_as_one_gemm_onto_the_base() -> None:
+    """The shadow's merged weight is ``W + scale * B @ A`` (bf16, within one rounding of the exact sum), computed
+    as one GEMM accumulating onto the base (no call of PEFT's get_delta_weight for a plain LoRA), and follows an
+    adapter step; a layer whose delta is not that form (fan_in_fan_out) goes through get_delta_weight."""
+    from peft.tuners.lora import LoraLayer
+
+    from rlstack.payload.fastgen.engine import _plain_lora
+
+    model = peft.get_peft_model(_tiny(33).to(torch.bfloat16),
+                                peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    engine = fastgen.FastGenerator(model, compile=False, fuse_projections=False)
+    ids, mask = _prompts(33)
+    calls: list[str] = []
+    for _ in range(2):
+        with pytest.MonkeyPatch.context() as mp:
+            for cls in {type(m) for m in model.modules() if isinstance(m, LoraLayer)}:
+                mp.setattr(cls, "get_delta_weight", lambda self, adapter: calls.append(adapter))
+            engine.generate(ids, mask, 2, fastgen.Sampling(do_sample=False))
+        assert calls == []
+        shadow = dict(engine.decoder.named_modules())
+        for name, layer in model.base_model.model.named_modules():
+            if not isinstance(layer, LoraLayer):
+                continue
+            assert _plain_lora(layer, "default")
+            a, b = layer.lora_A["default"].weight.double(), layer.lora_B["default"].weight.double()
+            delta = layer.scaling["default"] * b @ a
+            exact = layer.get_base_layer().weight.double() + delta
+            # one bf16 rounding of the sum, plus the adapter's float32 factors rounded to bf16 for the GEMM (each
+            # product's error: the sum of the products' sizes bounds it, not the delta, whose terms may cancel)
+            size = layer.scaling["default"] * b.abs() @ a.abs()
+            bound = torch.finfo(torch.bfloat16).eps * (exact.abs() + 2 * size)
+            assert ((shadow[name].weight.double() - exact).abs() <= bound).all(), name
+        _adapter_step(model)
+    layer = next(m for m in model.modules() if isinstance(m, LoraLayer))
+    layer.fan_in_fan_out = True
+    assert not _plain_lora(layer, "default")

@@ -150,3 +150,42 @@ def test_memory_refusal_on_cuda_falls_back_to_generate(monkeypatch) -> None:
     got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert "FastgenMemoryError" in (fastgen.failure(model) or "")
     assert torch.equal(ref, got)
+
+
+def test_a_4bit_base_is_dequantized_straight_into_the_merged_weight(tmp_path, monkeypatch) -> None:
+    """On CUDA the shadow's refresh dequantizes a bitsandbytes NF4 base into the merged weight itself
+    (bitsandbytes' ``out=``), then adds the LoRA as one GEMM: the merged weight is the dequantized base plus
+    ``scale * B @ A`` within one bf16 rounding (and the adapter's float32 factors rounded to bf16)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as bnbf
+    from peft.tuners.lora import LoraLayer
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=64, vocab_size=1024, tie_word_embeddings=True,
+                                   max_position_embeddings=1024)
+    transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                            bnb_4bit_compute_dtype=torch.bfloat16)
+    model = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, quantization_config=quant, device_map="cuda",
+                                                          **{dtype_kw: torch.bfloat16})
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False))
+    real = bnbf.dequantize_4bit
+    outs: list[bool] = []
+    monkeypatch.setattr(bnbf, "dequantize_4bit", lambda *a, **kw: (outs.append("out" in kw), real(*a, **kw))[1])
+    engine = fastgen.FastGenerator(model)
+    ids, mask = _inputs(batch=4, length=16)
+    engine.generate(ids.clamp_max(1023), mask, 4, fastgen.Sampling(do_sample=False))
+    assert outs and all(outs), outs  # every 4-bit base dequantized in place, none through a new tensor
+    shadow = dict(engine.decoder.named_modules())
+    for name, layer in model.base_model.model.named_modules():
+        if not isinstance(layer, LoraLayer) or name not in shadow:
+            continue
+        base = layer.get_base_layer()
+        assert isinstance(base, bnb.nn.Linear4bit), name
+        a, b = layer.lora_A["default"].weight.double(), layer.lora_B["default"].weight.double()
+        scale = layer.scaling["default"]
+        exact = real(base.weight.data, base.weight.quant_state).double() + scale * b @ a
+        bound = torch.finfo(torch.bfloat16).eps * (exact.abs() + 2 * scale * b.abs() @ a.abs())
+        assert ((shadow[name].weight.double() - exact).abs() <= bound).all(), name

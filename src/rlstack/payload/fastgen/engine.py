@@ -570,15 +570,20 @@ class _Shadow:
         return copy
 
     def refresh(self) -> None:
-        """Recompute merged weights (and cast copies) from the live trained tensors; cost ~3 passes over them."""
+        """Recompute merged weights (and cast copies) from the live trained tensors.
+
+        Each merged weight is written once and read once more: the base (dequantized straight into it where
+        bitsandbytes can, ``_dense_into``), then ``W += scale * B @ A`` as one GEMM whose output accumulates onto
+        it (``addmm_``, rounded once). Why not PEFT's ``get_delta_weight`` (kept for what the GEMM form does not
+        cover, ``_plain_lora``): it writes B @ A, scales it into another tensor and adds that, ~5 more passes over
+        each weight than the GEMM, on every generate of a GRPO step."""
         import torch
 
         with torch.no_grad():
             for src, dst in self._casts:
                 dst.copy_(src.detach())
             for layer, buf in self._merged:
-                base = layer.get_base_layer()
-                buf.copy_(_dense_weight(base).reshape(buf.shape).to(self.dtype))
+                _dense_into(layer.get_base_layer(), buf)
                 if getattr(layer, "merged", False):
                     raise FastgenError("fastgen: the LoRA adapter is merged into the base weights already",
                                        "unmerge it, or use merge_lora=False")
@@ -586,9 +591,43 @@ class _Shadow:
                     if adapter in getattr(layer, "lora_A", {}) and not layer.disable_adapters:
                         if getattr(layer, "use_dora", {}).get(adapter, False):
                             raise FastgenError("fastgen does not merge DoRA adapters", "use merge_lora=False")
-                        buf.add_(layer.get_delta_weight(adapter).to(self.dtype))
+                        if _plain_lora(layer, adapter):
+                            a = layer.lora_A[adapter].weight
+                            b = layer.lora_B[adapter].weight
+                            buf.addmm_(b.to(buf.dtype), a.to(buf.dtype), alpha=float(layer.scaling[adapter]))
+                        else:
+                            buf.add_(layer.get_delta_weight(adapter).to(self.dtype))
             for weight in self._fp8:  # the FP8 copies from the weights as they are now (just merged, or trained)
                 weight.quantize()
+
+
+def _plain_lora(layer: Any, adapter: str) -> bool:
+    """Whether ``adapter``'s delta on ``layer`` is ``scale * B.weight @ A.weight`` and nothing else (two linear
+    maps, no fan_in_fan_out transpose, no PEFT variant such as DoRA, a number for the scale): what the refresh's
+    one GEMM computes. Anything else goes through PEFT's own ``get_delta_weight``."""
+    import torch
+
+    b_modules = getattr(layer, "lora_B", None)
+    a, b = layer.lora_A[adapter], b_modules[adapter] if b_modules is not None and adapter in b_modules else None
+    return (isinstance(a, torch.nn.Linear) and isinstance(b, torch.nn.Linear)
+            and not getattr(layer, "fan_in_fan_out", False)
+            and adapter not in (getattr(layer, "lora_variant", None) or {})
+            and isinstance(layer.scaling.get(adapter), int | float))
+
+
+def _dense_into(base: Any, buf: Any) -> None:
+    """Write the base layer's dense weight into ``buf``: a bitsandbytes 4-bit weight on CUDA is dequantized
+    straight into it (bitsandbytes' ``out=``, one write; its CPU backend has no such kernel), anything else
+    through ``_dense_weight`` and a copy."""
+    weight = base.weight
+    state = getattr(weight, "quant_state", None)
+    if (type(weight).__name__ == "Params4bit" and buf.is_cuda and state is not None and weight.data.shape[0] != 1
+            and tuple(state.shape) == tuple(buf.shape) and state.dtype == buf.dtype and buf.is_contiguous()):
+        import bitsandbytes.functional as bnbf
+
+        bnbf.dequantize_4bit(weight.data, state, out=buf)
+        return
+    buf.copy_(_dense_weight(base).reshape(buf.shape).to(buf.dtype))
 
 
 def _dense_weight(base: Any) -> Any:
