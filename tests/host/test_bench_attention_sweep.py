@@ -52,7 +52,7 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
         tmp_path: Path, run_bench: Callable[..., subprocess.CompletedProcess]) -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "RLSTACK_BENCH_SMOKE": "1", "OUT": str(tmp_path)}
-    proc = run_bench("attention_sweep", "--block-n", "32,64", "--warps", "4", "--programs", "512",
+    proc = run_bench("attention_sweep", "--block-n", "32,64", "--warps", "4", "--programs", "512,2048",
                      "--stages", "default", "--reps", "2", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/attention_sweep.json").read_text())
@@ -61,6 +61,8 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
     rows = [r for r in data["table"] if r is not matmul]
     assert rows[0]["tuning"] == data["default"] and rows[0]["vs_default"] == 1  # the engine's shape first
     assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}
+    # the tiny cache has at most two blocks, so 512 and 2048 programs give the same splits: timed once
+    assert not [r for r in rows if "programs=2048" in r["tuning"]] and "not timed again" in proc.stdout
     assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 for r in rows)
     assert set(data["best"]) == {"batch=2,fill=40"} and data["best"]["batch=2,fill=40"]["tuning"] in {
         r["tuning"] for r in rows}
