@@ -1023,3 +1023,33 @@ def test_the_refresh_merges_plain_lora_as_one_gemm_onto_the_base() -> None:
     layer = next(m for m in model.modules() if isinstance(m, LoraLayer))
     layer.fan_in_fan_out = True
     assert not _plain_lora(layer, "default")
+
+
+def test_emulate_precision_casts_reaches_inductor_with_the_modes_own_options(monkeypatch) -> None:
+    """emulate_precision_casts compiles the decode step with inductor's option of that name; torch.compile takes a
+    mode or options, so a mode's own options (graph="trees": reduce-overhead's CUDA graphs) come along. Without
+    it the step compiles as always (the mode alone). Not compiled (the CPU's default), the option does nothing."""
+    from rlstack.payload.fastgen.engine import compile_settings
+
+    seen: list[dict] = []
+    real_compile = torch.compile
+
+    def record(fn, **kw):
+        seen.append(kw)
+        return real_compile(fn, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", record)
+    model = _tiny(34)
+    ids, mask = _prompts(34)
+    torch._dynamo.reset()
+    engine = fastgen.FastGenerator(model, compile=True, emulate_precision_casts=True)
+    engine.generate(ids, mask, 3, fastgen.Sampling(do_sample=False))
+    assert seen[0]["options"] == {"emulate_precision_casts": True} and "mode" not in seen[0]
+    assert "inductor rounding as eager does" in engine.describe()
+    assert compile_settings("reduce-overhead", True) == {
+        "options": {"triton.cudagraphs": True, "emulate_precision_casts": True}}
+    assert compile_settings("reduce-overhead", False) == {"mode": "reduce-overhead"}
+    assert compile_settings(None, False) == {"mode": None}
+    assert not fastgen.FastGenerator(model, compile=False, emulate_precision_casts=True).emulate_precision_casts
+    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*emulate_precision_casts=True"):
+        fastgen.FastGenerator(model, reference_kernels=True, emulate_precision_casts=True)

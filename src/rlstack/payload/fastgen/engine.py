@@ -821,6 +821,19 @@ def _first_compiled_call(call: Callable[[], Any], state: list[Any]) -> tuple[Any
         return None, error_text(exc)
 
 
+def compile_settings(mode: str | None, emulate_precision_casts: bool) -> dict[str, Any]:
+    """torch.compile's ``mode`` or ``options`` for the decode step: the mode alone, or with
+    ``emulate_precision_casts`` inductor's options for that mode plus the option (torch.compile takes a mode or
+    options, not both; ``torch._inductor.list_mode_options`` is what a mode means)."""
+    if not emulate_precision_casts:
+        return {"mode": mode}
+    import torch._inductor
+
+    # (list_mode_options(None) lists every mode's options: no mode is no options)
+    modal = torch._inductor.list_mode_options(mode) if mode else {}
+    return {"options": {**modal, "emulate_precision_casts": True}}
+
+
 def auto_attention(device_type: str, own_attention: bool, attend_bucket: int, triton_why: str | None) -> str:
     """What ``decode_attention="auto"`` (the default) decodes with: the triton split kernel on CUDA where the engine
     attends with its own function (the merged shadow, gqa_attention), reads the whole cache (attend_bucket 0: the
@@ -840,7 +853,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
                 "decode_attention": ("auto", "matmul"), "compile_pick": (False,), "fp8": ("off",),
-                "prefill_once": (None, False)}
+                "prefill_once": (None, False), "emulate_precision_casts": (False,)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -887,6 +900,14 @@ class FastGenerator:
       (~0.64 ms of the 6.8 ms a token on the H200, 2026-12-05). Where the cache is not yet allocated (a shape's
       first call) or its layers are not ones it knows (keys/values tensors of the batch's rows), every row is
       prefilled, as before.
+    * ``emulate_precision_casts=True`` (compiled engines; default off until measured on a GPU): inductor's
+      option of that name, which rounds a fused kernel's intermediates to the dtype eager rounds them to (an
+      RMSNorm's output to bf16 before the weight multiplies it, where inductor otherwise keeps float32). Why:
+      every compiled bf16 engine measured on the H200 agreed with eager generate on 68-81 % of greedy positions
+      while transformers' eager static cache agreed on 100 %; one of the ways a fused kernel computes other bits
+      than eager's is these skipped roundings (the reductions' order is another, which this leaves). On the CPU
+      backend of torch 2.10 the option does not compile (a torch bug): the step then runs eagerly, saying why
+      (``compile_error``).
     * ``compile_pick=True`` (compiled engines; default off until measured on a GPU): the pick (EOS mask, warpers,
       draw, next inputs) runs through inductor, which fuses its passes over the [B, vocabulary] logits into a few
       kernels (eager: ~15, each reading or writing the whole tensor: 0.47 ms at 64 sequences on the H200). Random
@@ -918,7 +939,8 @@ class FastGenerator:
                  pristine: bool | None = None, sample_in_graph: bool = False,
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "auto",
                  compile_pick: bool = False, reference_kernels: bool = False,
-                 fp8: str = "off", shared_prompt: bool = False, prefill_once: bool | None = None) -> None:
+                 fp8: str = "off", shared_prompt: bool = False, prefill_once: bool | None = None,
+                 emulate_precision_casts: bool = False) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -928,7 +950,7 @@ class FastGenerator:
         if reference_kernels:
             _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
                                    decode_attention=decode_attention, compile_pick=compile_pick, fp8=fp8,
-                                   prefill_once=prefill_once)
+                                   prefill_once=prefill_once, emulate_precision_casts=emulate_precision_casts)
             compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
         # off under reference_kernels: generate prefills every row, and a GEMM of fewer rows may round otherwise
         self.prefill_once = (not reference_kernels) if prefill_once is None else prefill_once
@@ -985,6 +1007,7 @@ class FastGenerator:
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
         self.compile_pick = compile_pick and self.compile
+        self.emulate_precision_casts = emulate_precision_casts and self.compile
         self._pick_compiled: Any = None  # torch.compile of _pick, built with the step (compile_pick)
         self._pick_ok = False
         self.pick_error: str | None = None
@@ -1044,7 +1067,8 @@ class FastGenerator:
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             mode = self.compile_mode or ("reduce-overhead" if self.graph == "trees" else None)
-            self._step = torch.compile(self._decode, mode=mode, fullgraph=False, dynamic=False)
+            self._step = torch.compile(self._decode, fullgraph=False, dynamic=False,
+                                       **compile_settings(mode, self.emulate_precision_casts))
             if self.compile_pick:
                 # fallback_random: aten's RNG kernels, not inductor's own (another stream of numbers)
                 self._pick_compiled = torch.compile(FastGenerator._pick, fullgraph=False, dynamic=False,
@@ -1076,6 +1100,8 @@ class FastGenerator:
             parts.append(f"compile mode {self.compile_mode}")
         if self.prefill_once:
             parts.append("each distinct prompt prefilled once")
+        if self.emulate_precision_casts and self.compile:  # (a failed compile turned compile off: eager)
+            parts.append("inductor rounding as eager does")
         if self.sample_in_graph:
             parts.append("pick inside the graph")
         if self._pick_compiled is not None or self.pick_error:
