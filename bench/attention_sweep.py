@@ -9,11 +9,12 @@ vLLM bf16. Which shape is faster is not something the CPU can say, so this times
 
 Each row: the Qwen3-4B shape's attention for one decode step (36 layers, 32 query heads over 8 KV heads of 128,
 bf16 cache of 768 slots, bool keep-mask), `split_attention.attend` itself (its kernel launch and its merge of
-the splits, eager: inside fastgen's compiled step inductor fuses the merge, the same for every tuning), every
-layer reading its own cache, captured as one CUDA graph and replayed (`fastgen_profile.graph_ms`). Columns:
-`ms` a step, `read_TBps` (the filled slots' K and V bytes over that time), `of_copy` (that over the measured
-device copy bandwidth), and `max_err` of layer 0 against a float32 reference (softmax(q k^T) v over the filled
-slots): a fast shape that computes something else is marked `ok` false and never counts as the winner. One row
+the splits, `split_attention.merge_splits` compiled by inductor as fastgen's step compiles it), every layer
+reading its own cache, captured as one CUDA graph and replayed (`fastgen_profile.graph_ms`). Columns: `ms` a
+step, `kernel_ms` the same without the merge (the split kernel alone), `read_TBps` (the filled slots' K and V
+bytes over that time), `of_copy` (that over the measured device copy bandwidth), and `max_err` of layer 0
+against a float32 reference (softmax(q k^T) v over the filled slots): a fast shape that computes something else
+is marked `ok` false and never counts as the winner. One row
 a batch is the grouped matmuls (decode_attention="matmul", compiled as fastgen's step compiles them,
 `fastgen_profile.time_attention`), which read every slot whatever the fill: the baseline of the "auto" choice.
 
@@ -44,10 +45,12 @@ if common.SMOKE:  # before triton is imported: the kernel then runs in Triton's 
 
 import fastgen_profile  # graph_ms: the one way the benches time a captured step
 
-COLUMNS = ["batch", "fill", "tuning", "splits", "ms", "read_TBps", "of_copy", "vs_default", "max_err", "ok", "error"]
+COLUMNS = ["batch", "fill", "tuning", "splits", "ms", "kernel_ms", "read_TBps", "of_copy", "vs_default", "max_err",
+           "ok", "error"]
 NOTES = ("`python3 bench/attention_sweep.py` (module docstring): fastgen's split decode attention "
-         "(`split_attention.attend`, eager merge) for all layers of one decode step, one CUDA graph, per launch "
-         "shape; vs_default: ms over the default tuning's ms at the same batch and fill (< 1 is faster).")
+         "(`split_attention.attend`, its merge compiled) for all layers of one decode step, one CUDA graph, per "
+         "launch shape; kernel_ms: the split kernel alone (no merge); vs_default: ms over the default tuning's ms "
+         "at the same batch and fill (< 1 is faster).")
 TOLERANCE = 2e-2  # bf16 inputs, float32 scores: a right answer differs from the float32 reference by ~1e-3
 
 
@@ -85,10 +88,17 @@ def reference(q: Any, k: Any, v: Any, fill: int) -> Any:
     return torch.einsum("bhn,bhnd->bhd", scores.softmax(-1), vv)
 
 
-def attend_layers(sa: Any, tuning: Any, q: Any, k: Any, v: Any, mask: Any, slot: Any, scale: float) -> None:
-    """One decode step's attention: every layer (k[i], v[i]) through the split kernel with this tuning."""
+def attend_layers(sa: Any, tuning: Any, merge: Any, q: Any, k: Any, v: Any, mask: Any, slot: Any,
+                  scale: float) -> None:
+    """One decode step's attention: every layer (k[i], v[i]) through the split kernel with this tuning, its
+    splits merged by ``merge``."""
     for i in range(k.shape[0]):
-        sa.attend(q, k[i], v[i], mask, slot, scale, tuning=tuning)
+        sa.attend(q, k[i], v[i], mask, slot, scale, tuning=tuning, merge=merge)
+
+
+def unmerged(o: Any, lse: Any, dtype: Any) -> Any:
+    """A merge that does nothing (the partials as they are): timing with it times the split kernel alone."""
+    return o
 
 
 def sweep(a: argparse.Namespace) -> int:
@@ -106,6 +116,13 @@ def sweep(a: argparse.Namespace) -> int:
                              if t != sa.TUNING]
     ceilings = common.measure_ceilings()
     sa.kernel()
+    # the merge compiled alone, as inductor fuses it inside fastgen's step (eager it is ~7 kernels a layer, which
+    # would bury the kernels' differences at 8 sequences); one compile per (batch, splits) shape. The CPU smoke
+    # run has no C++ toolchain for inductor: dynamo's eager backend there
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    merge = torch.compile(sa.merge_splits, dynamic=False, backend="eager" if common.SMOKE else "inductor")
     dev = common.DEVICE
     scale = 1.0 / math.sqrt(d)
     rows: list[dict[str, Any]] = []
@@ -133,11 +150,13 @@ def sweep(a: argparse.Namespace) -> int:
                 row: dict[str, Any] = {"batch": batch, "fill": fill, "length": length, "tuning": t.label(),
                                        "splits": sa.splits_for(batch, kv, length, t)}
                 try:
-                    got = sa.attend(q, k[0], v[0], mask, slot, scale, tuning=t)[:, :, 0].float()
+                    got = sa.attend(q, k[0], v[0], mask, slot, scale, tuning=t, merge=merge)[:, :, 0].float()
                     row["max_err"] = float((got - want).abs().max())
                     row["ok"] = row["max_err"] <= TOLERANCE
-                    step = functools.partial(attend_layers, sa, t, q, k, v, mask, slot, scale)
+                    step = functools.partial(attend_layers, sa, t, merge, q, k, v, mask, slot, scale)
                     row["ms"] = round(fastgen_profile.graph_ms(step, reps=a.reps), 4)
+                    alone = functools.partial(attend_layers, sa, t, unmerged, q, k, v, mask, slot, scale)
+                    row["kernel_ms"] = round(fastgen_profile.graph_ms(alone, reps=a.reps), 4)
                     row["read_TBps"] = round(read / (row["ms"] / 1e3) / 1e12, 3)
                     row["of_copy"] = round(read / (row["ms"] / 1e3) / ceilings["copy_bandwidth_Bps"], 3)
                 except Exception as exc:  # one shape that does not compile (registers, shared memory) is a row

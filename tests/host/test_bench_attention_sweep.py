@@ -63,6 +63,6 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
     assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}
     # the tiny cache has at most two blocks, so 512 and 2048 programs give the same splits: timed once
     assert not [r for r in rows if "programs=2048" in r["tuning"]] and "not timed again" in proc.stdout
-    assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 for r in rows)
+    assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 and r["kernel_ms"] > 0 for r in rows)
     assert set(data["best"]) == {"batch=2,fill=40"} and data["best"]["batch=2,fill=40"]["tuning"] in {
         r["tuning"] for r in rows}

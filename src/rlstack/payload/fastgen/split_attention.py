@@ -245,14 +245,28 @@ def mask_argument(mask: Any, fallback: Any) -> tuple[int, Any]:
     return 2, mask.contiguous()
 
 
+def merge_splits(o: Any, lse: Any, dtype: Any) -> Any:
+    """The splits' partial outputs ``o`` [B, H, S, D] merged by their log-sum-exps ``lse`` [B, H, S] into
+    [B, H, 1, D] of ``dtype`` (a split past the filled slots has lse -inf and weighs 0). Inside fastgen's compiled
+    step inductor fuses this into a kernel or two; bench/attention_sweep.py compiles it alone to time the same."""
+    import torch
+
+    top = lse.amax(dim=-1, keepdim=True)
+    w = torch.exp(lse - top.masked_fill(torch.isinf(top), 0.0))
+    out = (o * w[..., None]).sum(dim=2) / w.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    return out[:, :, None, :].to(dtype)
+
+
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
-           groups: tuple[Any, Any] | None = None, tuning: Tuning = TUNING) -> Any:
+           groups: tuple[Any, Any] | None = None, tuning: Tuning = TUNING,
+           merge: Any = merge_splits) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
     (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
     of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
-    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``). Returns
-    [B, H, 1, D] in the query's dtype."""
+    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``). ``merge``: how
+    the splits are merged (``merge_splits``; the sweep passes a compiled one). Returns [B, H, 1, D] in the
+    query's dtype."""
     import torch
 
     b, h, _, d = query.shape
@@ -291,8 +305,4 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
             MASK=kind, ITERS=iters_for(length, splits, tuning), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
             INTERPRETED=_INTERPRETED, num_warps=tuning.num_warps, **stages)
         first += splits
-    # merge the splits by their log-sum-exp (a split past the filled slots has lse -inf and weighs 0)
-    top = lse.amax(dim=-1, keepdim=True)
-    w = torch.exp(lse - top.masked_fill(torch.isinf(top), 0.0))
-    out = (o * w[..., None]).sum(dim=2) / w.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-    return out[:, :, None, :].to(query.dtype)
+    return merge(o, lse, query.dtype)
