@@ -268,6 +268,27 @@ def test_reading_each_prompt_once_compiles_into_one_graph_and_decodes_as_generat
     _assert_follows_an_adapter_step(model, ids, mask, got)
 
 
+def test_a_repeated_prompt_prefilled_once_feeds_the_captured_graph() -> None:
+    """prefill_once on the default compiled path, GRPO's shape (each prompt 4 times): from the second call the
+    prefill runs on the distinct prompts only, writing through views of the cache the graph was captured on, and
+    the replayed graph decodes generate's greedy tokens from it on every call, also after a LoRA update."""
+    model = _model()
+    model.eval()
+    ids, mask = _inputs()
+    ids, mask = ids[[0, 0, 0, 0, 2, 2, 2, 2]], mask[[0, 0, 0, 0, 2, 2, 2, 2]]
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    rows = []
+    for _ in range(3):
+        got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=True)
+        assert (ref == got).float().mean().item() > 0.98
+        rows.append(fastgen.get_engine(model).prefilled_rows)
+    eng = fastgen.get_engine(model)
+    assert eng.compile_error is None and eng.graph_error is None and len(eng._graphs) == 1
+    assert rows == [8, 2, 2]
+    _assert_follows_an_adapter_step(model, ids, mask, got)
+    assert eng.prefilled_rows == 2
+
+
 def test_the_compiled_pick_draws_what_the_eager_pick_draws() -> None:
     """compile_pick: inductor fuses the pick, and with aten's RNG kernels (fallback_random) the draw reads the same
     numbers, so seeded sampling gives the eager pick's tokens (up to a last-bit difference in the fused log at an
