@@ -23,6 +23,8 @@ a batch is the grouped matmuls (decode_attention="matmul", compiled as fastgen's
         [--batches 8,64] [--fills 466] [--block-n 32,64,128] [--warps 4,8] [--programs 128,512,2048]
         [--stages default,2]                              the grid: every combination, default first (a
                                                           launch two tunings share is timed once)
+        [--fuse-top 3]                                    then the grid's 3 fastest and the default again with
+                                                          fuse_merge (the kernel merges its own splits)
     RLSTACK_BENCH_SMOKE=1 python bench/attention_sweep.py  the CPU, Triton's interpreter, tiny shapes: the
                                                           script's logic only (results to /tmp)
 Results: bench/results/attention_sweep.{json,md}; the best tuning per (batch, fill) is in the JSON's `best`.
@@ -101,6 +103,25 @@ def unmerged(o: Any, lse: Any, dtype: Any) -> Any:
     return o
 
 
+def fused_candidates(rows: list[dict[str, Any]], batch: int, fill: int, tunings: list[Any], top: int) -> list[Any]:
+    """The ``top`` fastest right tunings of the grid at (batch, fill), and the default (the first), each with
+    ``fuse_merge``: whether the kernel merging its own splits beats the separate merge there."""
+    import dataclasses
+
+    if top <= 0:
+        return []
+    by_label = {t.label(): t for t in tunings}
+    timed = sorted((r for r in rows if r["batch"] == batch and r["fill"] == fill and r.get("ok") and r.get("ms")
+                    and r["tuning"] in by_label), key=lambda r: r["ms"])
+    picks = [by_label[r["tuning"]] for r in timed[:top]]
+    out: list[Any] = []
+    for t in [*picks, tunings[0]]:
+        fused = dataclasses.replace(t, fuse_merge=True)
+        if fused not in out:
+            out.append(fused)
+    return out
+
+
 def sweep(a: argparse.Namespace) -> int:
     import torch
 
@@ -139,10 +160,21 @@ def sweep(a: argparse.Namespace) -> int:
             read = layers * batch * kv * fill * d * 2 * k.element_size()  # K and V of the filled slots
             default_ms = None
             launches: dict[tuple[Any, ...], str] = {}  # a launch already timed at this batch -> its tuning
-            for t in tunings:
+            # the grid, then its fastest few again (and the default) with the kernel merging its own splits
+            queue, refined, i = list(tunings), False, 0
+            while True:
+                if i == len(queue):
+                    if refined:
+                        break
+                    queue += fused_candidates(rows, batch, fill, tunings, a.fuse_top)
+                    refined = True
+                    continue
+                t = queue[i]
+                i += 1
                 # programs only decide the splits: two tunings with the same splits are the same launch (at 64
                 # sequences 128 and 512 programs both give one split), timed once
-                launch = (t.block_n, t.num_warps, t.num_stages, sa.splits_for(batch, kv, length, t))
+                launch = (t.block_n, t.num_warps, t.num_stages, t.fuse_merge,
+                          sa.splits_for(batch, kv, length, t))
                 if launch in launches and t != sa.TUNING:
                     print(f"{t.label()} at batch {batch}: the launch of {launches[launch]}, not timed again")
                     continue
@@ -208,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="programs a call asks for (splits follow; tunings with the same splits are timed once)")
     ap.add_argument("--stages", type=stage_list, default=[None, 2],
                     help="pipeline stages; default: Triton's (3 on sm_90)")
+    ap.add_argument("--fuse-top", type=int, default=3, metavar="N",
+                    help="after the grid, time its N fastest shapes and the default again with fuse_merge (the "
+                         "kernel merging its own splits); 0: not")
     ap.add_argument("--reps", type=int, default=20, help="timed graph replays per row")
     a = ap.parse_args(argv)
     if not common.SMOKE and not _cuda():

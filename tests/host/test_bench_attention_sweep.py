@@ -60,9 +60,13 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
     assert matmul["ms"] > 0 and matmul["fill"] == matmul["length"] and "ok" not in matmul
     rows = [r for r in data["table"] if r is not matmul]
     assert rows[0]["tuning"] == data["default"] and rows[0]["vs_default"] == 1  # the engine's shape first
-    assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}
+    assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}  # fused ones too
     # the tiny cache has at most two blocks, so 512 and 2048 programs give the same splits: timed once
     assert not [r for r in rows if "programs=2048" in r["tuning"]] and "not timed again" in proc.stdout
+    # after the grid, its fastest shapes (here both, the default among them) again with the kernel merging
+    fused = [r for r in rows if r["tuning"].endswith("fuse_merge=True")]
+    assert {r["tuning"].replace("fuse_merge=True", "fuse_merge=False") for r in fused} == {
+        r["tuning"] for r in rows if r not in fused}
     assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 and r["kernel_ms"] > 0 for r in rows)
     assert set(data["best"]) == {"batch=2,fill=40"} and data["best"]["batch=2,fill=40"]["tuning"] in {
         r["tuning"] for r in rows}

@@ -68,7 +68,8 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
 # what the launch passes divisible by 16: every pointer, the strides and the length (4,096 / 128 / 768 elements).
 # No float: inside the compiled step inductor types a Python float fp64 (the test after the next one)
 _ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
-                    "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
+                    "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "f_ptr": "*bf16",
+                    "cnt_ptr": "*i32"}
 _ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_ptr")), "sq_b", "sq_h", "sk_b", "sk_h",
                                 "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"})
 
@@ -80,7 +81,7 @@ def _attention_const(**changes: int) -> dict:
 
     return {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": 1, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
-            "INTERPRETED": 0, **changes}
+            "FUSE": 0, "S_P2": 1, "INTERPRETED": 0, **changes}
 
 
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
@@ -106,6 +107,34 @@ def test_the_attention_kernel_compiles_for_hopper_and_blackwell_without_spilling
         use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (pass_, use)
         assert "cp.async" in ir["ptx"], (pass_, "the loop's loads are not pipelined")
+
+
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
+def test_the_kernel_that_merges_its_own_splits_compiles_with_a_released_ticket_and_l2_reads(capability: int) -> None:
+    """fuse_merge, ahead of time as fastgen would launch it for the Qwen3-4B shape: at 8 sequences (8 splits) the
+    stores of a split are followed by a CTA barrier and one acq_rel atomic at GPU scope (the ticket), the last
+    program's reads of the others' partials bypass L1 (ld.global.cg), and nothing spills; at 64 (one split) the
+    kernel stores the attention at once and takes no ticket."""
+    import re
+
+    from rlstack.payload.fastgen import split_attention as sa
+
+    for batch in (8, 64):
+        splits = sa.splits_for(batch, 8, 768)
+        const = _attention_const(SPLITS=splits, ITERS=sa.iters_for(768, splits), TOTAL=splits, FUSE=1,
+                                 S_P2=1 << max(0, (splits - 1).bit_length()))
+        ir: dict = {}
+        use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
+        assert use["STACK"] == "0" and int(use["REG"]) <= 255, (batch, use)
+        ptx = ir["ptx"]
+        atomics = re.findall(r"atom\.[\w.]*", ptx)
+        if splits == 1:
+            assert not atomics, atomics
+            continue
+        assert any("acq_rel" in a and "gpu" in a and "add" in a for a in atomics), atomics
+        before = ptx[:re.search(r"atom\.[\w.]*add", ptx).start()]  # type: ignore[union-attr]
+        assert before.rfind("bar.sync") > before.rfind("st.global"), "the ticket is taken before every store"
+        assert "ld.global.cg" in ptx[len(before):]
 
 
 def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as_inductor_types_them(
@@ -182,7 +211,9 @@ def test_a_launch_shape_is_checked_when_made_and_sets_the_splits() -> None:
     wide = sa.Tuning(block_n=64, programs=2048)
     assert sa.splits_for(64, 8, 768, wide) == 4 and sa.splits_for(64, 8, 768) == 1
     assert sa.iters_for(768, 4, wide) == 3  # 192 slots a split: 3 blocks of 64
-    assert wide.label() == "block_n=64,num_warps=8,programs=2048,num_stages=default"
+    assert wide.label() == "block_n=64,num_warps=8,programs=2048,num_stages=default,fuse_merge=False"
+    with pytest.raises(ValueError, match="fuse_merge"):
+        sa.Tuning(fuse_merge=1)  # type: ignore[arg-type]
 
 
 def test_the_default_attention_is_the_triton_kernel_on_cuda_only_where_it_can_run() -> None:

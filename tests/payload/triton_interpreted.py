@@ -4,6 +4,7 @@ own: tests/payload/test_fastgen_triton.py runs this file in a process started wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -97,7 +98,9 @@ def test_the_prompt_read_once_a_group_attends_as_every_row_reading_its_own(h: in
 
 
 @pytest.mark.parametrize("tuning", [split_attention.Tuning(block_n=64, num_warps=4, programs=2048, num_stages=2),
-                                    split_attention.Tuning(block_n=16, programs=64)], ids=["wide", "narrow"])
+                                    split_attention.Tuning(block_n=16, programs=64),
+                                    split_attention.Tuning(block_n=16, programs=64, fuse_merge=True)],
+                         ids=["wide", "narrow", "narrow-fused"])
 def test_another_launch_shape_attends_as_the_default_one(tuning: split_attention.Tuning) -> None:
     """bench/attention_sweep.py times launch shapes other than the engine's: each must compute the same attention
     (more or fewer splits, other blocks), the slots after ``slot`` unread (NaN), with and without the prompt pass."""
@@ -114,6 +117,62 @@ def test_another_launch_shape_attends_as_the_default_one(tuning: split_attention
     grouped = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, (table, torch.tensor([prompt])),
                                      tuning=tuning)
     torch.testing.assert_close(grouped.float(), want.float(), rtol=4e-2, atol=4e-2)
+
+
+@pytest.mark.parametrize("programs", [64, 2], ids=["splits", "one-split"])
+def test_the_kernel_merging_its_own_splits_attends_as_the_separate_merge_and_leaves_its_tickets_at_zero(
+        programs: int) -> None:
+    """fuse_merge: the last program of each (sequence, KV head) merges the splits (or one split stores the
+    attention at once): the same attention as the kernel followed by merge_splits, within the float32 sums' order
+    (a row with every slot masked gives zeros both ways), on every launch of a step, the ticket counters back at
+    zero after each; attend does not call the separate merge then."""
+    b, h, kv, d, length, slot = 5, 8, 2, 16, 200, 150
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(b, n, m, d, generator=g).to(torch.bfloat16) for n, m in ((h, 1), (kv, length), (kv, length)))
+    keep = torch.ones(b, length, dtype=torch.bool)
+    keep[1, :4] = False
+    keep[3] = False
+    apart = split_attention.Tuning(block_n=16, programs=programs)
+    fused = dataclasses.replace(apart, fuse_merge=True)
+    assert (split_attention.splits_for(b, kv, length, fused) == 1) is (programs == 2)
+    want = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, tuning=apart)
+
+    def never(o, lse, dtype):
+        raise AssertionError("merge_splits called while the kernel merges")
+
+    for _ in range(3):  # the tickets of one launch must not carry into the next
+        got = split_attention.attend(q, k, v, keep, torch.tensor([slot]), 0.3, tuning=fused, merge=never)
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+        assert not bool(got[3].any())
+        assert not bool(split_attention.counters(q.device).any())
+
+
+def test_fastgen_with_the_kernel_merging_its_own_splits_decodes_what_generate_decodes(monkeypatch) -> None:
+    """The engine's attention launched with fuse_merge (as if it were TUNING): its ticket counters allocated
+    when the engine is made, greedy tokens as generate's over a LoRA shadow, the counters at zero after."""
+    monkeypatch.setattr(split_attention, "TUNING", split_attention.Tuning(block_n=16, programs=64, fuse_merge=True))
+    model = peft.get_peft_model(_tiny(25), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(25)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    split_attention._COUNTERS.clear()
+    engine = fastgen.FastGenerator(model, compile=False, decode_attention="triton")
+    assert str(ids.device) in split_attention._COUNTERS  # made with the engine, not inside its step
+    real, fused = split_attention.kernel(), []
+
+    class Launches:  # the real kernel, each launch's FUSE recorded
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                fused.append(kwargs["FUSE"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    got = engine.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0))
+    assert torch.equal(ref, got)
+    assert fused and set(fused) == {1}  # every decode step's launches merged in the kernel
+    assert not bool(split_attention.counters(ids.device).any())
 
 
 def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:

@@ -1004,6 +1004,8 @@ class FastGenerator:
         self.shared_prompt = shared_prompt
         if decode_attention == "triton":
             split_attention.kernel()  # built here, not inside the compiled step (see kernel)
+            if split_attention.TUNING.fuse_merge:  # its ticket counters too (see split_attention.counters)
+                split_attention.counters(self.device)
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
         self.compile_pick = compile_pick and self.compile

@@ -45,7 +45,11 @@ TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how 
 class Tuning:
     """The kernel's launch shape: cache slots per inner iteration (``block_n``), warps per program, how many
     programs a call asks for (``programs``: the splits per (sequence, KV head) follow from it) and Triton's
-    software-pipelining depth (``num_stages``; None: Triton's default for the GPU).
+    software-pipelining depth (``num_stages``; None: Triton's default for the GPU), and whether the kernel merges
+    the splits itself (``fuse_merge``: the last program of each (sequence, KV head) to finish merges its splits
+    and writes the attention in the query's dtype, one split writes it at once; otherwise ``merge_splits`` runs
+    after the kernel, a kernel of its own a layer inside the compiled step: 127 us a step of the 8-sequence
+    step's ~208 us of split kernels on the H200, 2026-12-05).
 
     Why a value and not only the constants: alone on the H200 the kernel read the cache at ~2.2 TB/s against the
     grouped matmuls' ~3.1 (2026-12-05, bench/notes.md), and which shape reads faster is a GPU measurement
@@ -55,6 +59,7 @@ class Tuning:
     num_warps: int = NUM_WARPS
     programs: int = TARGET_PROGRAMS
     num_stages: int | None = None
+    fuse_merge: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "num_warps"):
@@ -67,6 +72,8 @@ class Tuning:
             raise ValueError(f"split attention programs must be a positive count, not {self.programs!r}")
         if self.num_stages is not None and (not isinstance(self.num_stages, int) or self.num_stages < 1):
             raise ValueError(f"split attention num_stages must be >= 1 or None, not {self.num_stages!r}")
+        if not isinstance(self.fuse_merge, bool):
+            raise ValueError(f"split attention fuse_merge must be True or False, not {self.fuse_merge!r}")
 
     def label(self) -> str:
         """``block_n=32,num_warps=8,programs=512,num_stages=default``: one results row's key."""
@@ -92,12 +99,12 @@ def kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr,
+    def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr, f_ptr, cnt_ptr,
                      sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length,
                      SCALE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
                      ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
-                     TOTAL: tl.constexpr, INTERPRETED: tl.constexpr):
+                     TOTAL: tl.constexpr, FUSE: tl.constexpr, S_P2: tl.constexpr, INTERPRETED: tl.constexpr):
         # SCALE (the softmax scale, a Python float) is a constexpr: inside the compiled step inductor compiles this
         # kernel with its own signature, typing a runtime Python float fp64, which made the scores and the running
         # max fp64 and failed the compile (Triton: "Loop-carried variable m_i ... re-assigned to fp64", H200,
@@ -178,14 +185,59 @@ def kernel() -> Any:
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        # partials [B, H, TOTAL, D] and [B, H, TOTAL], contiguous; this pass's splits from SPLIT0
-        row = (rows * (KV * G) + heads) * TOTAL + SPLIT0 + split
-        tl.store(o_ptr + row[:, None] * D + offs_d[None, :], out, mask=h_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptr + row, lse, mask=h_ok)
+        head_row = rows * (KV * G) + heads  # each q-tile row's (sequence, head) row of the [B, H] outputs
+        hd_ok = h_ok[:, None] & d_ok[None, :]
+        if FUSE == 1 and TOTAL == 1:  # one split (PASS 0): its output is the attention, in the query's dtype
+            tl.store(f_ptr + head_row[:, None] * D + offs_d[None, :], out, mask=hd_ok)
+        else:
+            # partials [B, H, TOTAL, D] and [B, H, TOTAL], contiguous; this pass's splits from SPLIT0
+            row = head_row * TOTAL + SPLIT0 + split
+            tl.store(o_ptr + row[:, None] * D + offs_d[None, :], out, mask=hd_ok)
+            tl.store(lse_ptr + row, lse, mask=h_ok)
+            if FUSE == 1:  # (PASS 0 only: attend fuses no two-pass launch)
+                # the splits of one (sequence, KV head) take a ticket each once their partials are stored (the
+                # barrier: every thread's stores before the one atomic, which releases them at GPU scope); the
+                # program that takes the last merges them, as merge_splits does, reading past L1 (.cg) what
+                # other programs wrote, and puts the ticket counter back to 0 for the next launch
+                tl.debug_barrier()
+                ticket = tl.atomic_add(cnt_ptr + bk, 1, sem="acq_rel")
+                if ticket == TOTAL - 1:
+                    offs_s = tl.arange(0, S_P2)
+                    hs_ok = h_ok[:, None] & (offs_s < TOTAL)[None, :]
+                    lses = tl.load(lse_ptr + head_row[:, None] * TOTAL + offs_s[None, :], mask=hs_ok,
+                                   other=float("-inf"), cache_modifier=".cg")
+                    top = tl.max(lses, axis=1)
+                    top = tl.where(top == float("-inf"), 0.0, top)
+                    w = tl.exp(lses - top[:, None])
+                    merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+                    for s in range(TOTAL):
+                        part = tl.load(o_ptr + (head_row * TOTAL + s)[:, None] * D + offs_d[None, :], mask=hd_ok,
+                                       other=0.0, cache_modifier=".cg")
+                        merged += tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), axis=1)[:, None] * part
+                    merged = merged / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
+                    tl.store(f_ptr + head_row[:, None] * D + offs_d[None, :], merged, mask=hd_ok)
+                    tl.atomic_xchg(cnt_ptr + bk, 0)
 
     _KERNEL = split_kernel
     _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit itself read at the decoration above
     return split_kernel
+
+
+COUNTER_SLOTS = 1 << 16  # fuse_merge's ticket counters: one a (sequence, KV head) of a launch (256 KB of int32)
+_COUNTERS: dict[str, Any] = {}  # device -> the counters, zero between launches (each launch puts its own back)
+
+
+def counters(device: Any) -> Any:
+    """fuse_merge's ticket counters on ``device``, allocated once (zeros) and kept for the process: a captured
+    graph holds their address. FastGenerator asks for them when it is created, outside the compiled step, where
+    a first allocation would be traced as a graph operation."""
+    import torch
+
+    key = str(device)
+    found = _COUNTERS.get(key)
+    if found is None:
+        found = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return found
 
 
 def splits_for(batch: int, kv_heads: int, length: int, tuning: Tuning = TUNING) -> int:
@@ -258,17 +310,19 @@ def merge_splits(o: Any, lse: Any, dtype: Any) -> Any:
 
 
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
-           groups: tuple[Any, Any] | None = None, tuning: Tuning = TUNING,
+           groups: tuple[Any, Any] | None = None, tuning: Tuning | None = None,
            merge: Any = merge_splits) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
     (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
     of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
-    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``). ``merge``: how
-    the splits are merged (``merge_splits``; the sweep passes a compiled one). Returns [B, H, 1, D] in the
+    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``; None: the module's ``TUNING`` as it is at the call). ``merge``: how
+    the splits are merged (``merge_splits``; the sweep passes a compiled one; not called where the kernel
+    merges them itself, ``tuning.fuse_merge``). Returns [B, H, 1, D] in the
     query's dtype."""
     import torch
 
+    tuning = TUNING if tuning is None else tuning
     b, h, _, d = query.shape
     kv, length = key.shape[1], key.shape[2]
     g = h // kv
@@ -289,6 +343,11 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     total = sum(p[2] for p in passes)
     o = torch.empty((b, h, total, d), dtype=torch.float32, device=query.device)
     lse = torch.empty((b, h, total), dtype=torch.float32, device=query.device)
+    # the kernel merges the splits itself for one pass (not the prompt pass's two launches) when there are
+    # counters enough for its (sequence, KV head) pairs
+    fuse = tuning.fuse_merge and groups is None and b * kv <= COUNTER_SLOTS
+    final = torch.empty((b, h, 1, d), dtype=query.dtype, device=query.device) if fuse else o
+    tickets = counters(query.device) if fuse else slot
     block_d = 1 << max(4, (d - 1).bit_length())
     # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
     split = _KERNEL if _KERNEL is not None else kernel()
@@ -298,11 +357,12 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     for kind_of_pass, r, splits in passes:
         block_h = max(MIN_BLOCK_H, 1 << max(0, (r * g - 1).bit_length()))
         split[(b * kv, splits)](
-            q, key, value, m, slot, rows, prefix, o, lse,
+            q, key, value, m, slot, rows, prefix, o, lse, final, tickets,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length,
             SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=tuning.block_n,
             MASK=kind, ITERS=iters_for(length, splits, tuning), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
-            INTERPRETED=_INTERPRETED, num_warps=tuning.num_warps, **stages)
+            FUSE=int(fuse), S_P2=1 << max(0, (total - 1).bit_length()), INTERPRETED=_INTERPRETED,
+            num_warps=tuning.num_warps, **stages)
         first += splits
-    return merge(o, lse, query.dtype)
+    return final if fuse else merge(o, lse, query.dtype)
