@@ -201,7 +201,8 @@ def sweep(a: argparse.Namespace) -> int:
                 print(row, flush=True)
                 key = f"batch={batch},fill={fill}"
                 if row.get("ok") and row.get("ms") and (key not in best or row["ms"] < best[key]["ms"]):
-                    best[key] = {"tuning": t.label(), "ms": row["ms"], "vs_default": row.get("vs_default")}
+                    best[key] = {"tuning": t.label(), "spec": t.spec(), "ms": row["ms"],
+                                 "vs_default": row.get("vs_default")}
         del k, v
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -221,7 +222,8 @@ def sweep(a: argparse.Namespace) -> int:
             "best": best, "default": sa.TUNING.label()}
     common.write_results("attention_sweep", data, rows, COLUMNS, NOTES)
     for key, b in best.items():
-        print(f"best at {key}: {b['tuning']} {b['ms']} ms ({b['vs_default']}x the default)")
+        print(f"best at {key}: {b['tuning']} {b['ms']} ms ({b['vs_default']}x the default); in the step: "
+              f"--variant attention_tuning={b['spec']}")
     return 0 if best else 1
 
 

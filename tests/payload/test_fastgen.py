@@ -900,7 +900,8 @@ def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatc
 
 
 @pytest.mark.parametrize("option", [{"compile": True}, {"attend_bucket": 128}, {"decode_attention": "triton"},
-                                    {"compile_pick": True}, {"graph": "trees"}, {"prefill_once": True}])
+                                    {"compile_pick": True}, {"graph": "trees"}, {"prefill_once": True},
+                                    {"attention_tuning": "32:8:512:default"}])
 def test_reference_kernels_refuse_options_that_change_the_kernels(option: dict) -> None:
     with pytest.raises(fastgen.FastgenError, match=f"reference_kernels .*{next(iter(option))}="):
         fastgen.FastGenerator(_tiny(0), reference_kernels=True, **option)
@@ -1053,3 +1054,14 @@ def test_emulate_precision_casts_reaches_inductor_with_the_modes_own_options(mon
     assert not fastgen.FastGenerator(model, compile=False, emulate_precision_casts=True).emulate_precision_casts
     with pytest.raises(fastgen.FastgenError, match="reference_kernels .*emulate_precision_casts=True"):
         fastgen.FastGenerator(model, reference_kernels=True, emulate_precision_casts=True)
+
+
+def test_attention_tuning_is_refused_without_the_triton_attention_or_in_another_form() -> None:
+    """attention_tuning is the triton kernel's launch shape: refused, saying so, with the matmul attention (the
+    CPU's default), and a malformed one is refused with the form it takes."""
+    model = _tiny(35)
+    with pytest.raises(fastgen.FastgenError, match="attention_tuning is the triton decode attention's"):
+        fastgen.FastGenerator(model, attention_tuning="64:4:2048:2")
+    pytest.importorskip("triton")
+    with pytest.raises(fastgen.FastgenError, match="block_n:num_warps:programs:num_stages"):
+        fastgen.FastGenerator(model, decode_attention="triton", attention_tuning="64,4,2048,2")

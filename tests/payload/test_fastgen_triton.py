@@ -214,6 +214,12 @@ def test_a_launch_shape_is_checked_when_made_and_sets_the_splits() -> None:
     assert wide.label() == "block_n=64,num_warps=8,programs=2048,num_stages=default,fuse_merge=False"
     with pytest.raises(ValueError, match="fuse_merge"):
         sa.Tuning(fuse_merge=1)  # type: ignore[arg-type]
+    for tuning in (sa.TUNING, wide, sa.Tuning(block_n=128, num_warps=4, programs=128, num_stages=2, fuse_merge=True)):
+        assert sa.Tuning.parse(tuning.spec()) == tuning
+    assert sa.TUNING.spec() == "32:8:512:default" and sa.Tuning.parse("64:4:2048:2:fused").fuse_merge
+    for bad in ("64:4:2048", "64:4:2048:2:fast", "a:4:2048:2", "64,4,2048,2", "64:3:2048:2"):
+        with pytest.raises(ValueError, match="split attention"):
+            sa.Tuning.parse(bad)
 
 
 def test_the_default_attention_is_the_triton_kernel_on_cuda_only_where_it_can_run() -> None:

@@ -175,6 +175,31 @@ def test_fastgen_with_the_kernel_merging_its_own_splits_decodes_what_generate_de
     assert not bool(split_attention.counters(ids.device).any())
 
 
+def test_an_engine_launches_the_attention_with_its_own_tuning(monkeypatch) -> None:
+    """attention_tuning: this engine's launch shape (here 16-slot blocks, merged in the kernel), every decode
+    step's launch with it, generate's greedy tokens; said in describe()."""
+    model = peft.get_peft_model(_tiny(26), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(26)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    engine = fastgen.FastGenerator(model, compile=False, decode_attention="triton",
+                                   attention_tuning="16:8:64:default:fused")
+    real, seen = split_attention.kernel(), []
+
+    class Launches:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((kwargs["BLOCK"], kwargs["FUSE"]))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    got = engine.generate(ids, mask, 10, fastgen.Sampling(do_sample=False, pad_token_id=0))
+    assert torch.equal(ref, got)
+    assert seen and set(seen) == {(16, 1)}
+    assert "triton decode attention (launch 16:8:64:default:fused)" in engine.describe()
+
+
 def test_splits_fill_the_gpu_and_never_outnumber_the_cache_blocks() -> None:
     assert split_attention.splits_for(8, 8, 768) == 8  # 64 (sequence, KV head) pairs x 8 = 512 programs
     assert split_attention.splits_for(64, 8, 768) == 1

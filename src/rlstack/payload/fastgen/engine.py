@@ -49,6 +49,7 @@ ENGINE_ATTR = "_rlstack_fastgen_engine"
 READ_KWARG = "fastgen_read"  # how many cache slots a decode step's attention reads (attend_bucket)
 SLOT_KWARG = "fastgen_slot"  # the [1] tensor of the slot a decode step writes (decode_attention="triton")
 GROUPS_KWARG = "fastgen_groups"  # (entry table, prompt length) of shared_prompt (fastgen.split_attention.attend)
+TUNING_KWARG = "fastgen_tuning"  # attention_tuning's split_attention.Tuning (decode_attention="triton")
 # FastGenerator(decode_attention=...): how a decode step attends; "auto" (the default) picks with auto_attention
 DECODE_ATTENTION = ("auto", "matmul", "triton")
 FP8_SCALES = ("off", "row", "tensor")  # FastGenerator(fp8=...): off, or the FP8 scales' granularity (fastgen.fp8)
@@ -264,6 +265,7 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
     read = kwargs.pop(READ_KWARG, None)
     slot = kwargs.pop(SLOT_KWARG, None)
     groups = kwargs.pop(GROUPS_KWARG, None)
+    tuning = kwargs.pop(TUNING_KWARG, None)
     if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -276,7 +278,8 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
         from rlstack.payload.fastgen import split_attention
 
         keep = None if attention_mask is None else attention_mask[:, 0, -1, :]  # [b, L]: bool (keep) or additive
-        return split_attention.attend(query, key, value, keep, slot, scale, groups).transpose(1, 2).contiguous(), None
+        out = split_attention.attend(query, key, value, keep, slot, scale, groups, tuning=tuning)
+        return out.transpose(1, 2).contiguous(), None
     b, h, _, d = query.shape
     kv = key.shape[1]
     qg = query.reshape(b, kv, h // kv, d)
@@ -853,7 +856,7 @@ def _refuse_kernel_changes(**options: Any) -> None:
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
                 "decode_attention": ("auto", "matmul"), "compile_pick": (False,), "fp8": ("off",),
-                "prefill_once": (None, False), "emulate_precision_casts": (False,)}
+                "prefill_once": (None, False), "emulate_precision_casts": (False,), "attention_tuning": (None,)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -900,6 +903,10 @@ class FastGenerator:
       (~0.64 ms of the 6.8 ms a token on the H200, 2026-12-05). Where the cache is not yet allocated (a shape's
       first call) or its layers are not ones it knows (keys/values tensors of the batch's rows), every row is
       prefilled, as before.
+    * ``attention_tuning="block_n:num_warps:programs:num_stages[:fused]"`` (with decode_attention="triton";
+      default None: ``split_attention.TUNING``): the triton kernel's launch shape for this engine, e.g. a shape
+      bench/attention_sweep.py found faster, measured in the whole step (``--variant attention_tuning=...``)
+      before it becomes TUNING.
     * ``emulate_precision_casts=True`` (compiled engines; default off until measured on a GPU): inductor's
       option of that name, which rounds a fused kernel's intermediates to the dtype eager rounds them to (an
       RMSNorm's output to bf16 before the weight multiplies it, where inductor otherwise keeps float32). Why:
@@ -940,7 +947,7 @@ class FastGenerator:
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "auto",
                  compile_pick: bool = False, reference_kernels: bool = False,
                  fp8: str = "off", shared_prompt: bool = False, prefill_once: bool | None = None,
-                 emulate_precision_casts: bool = False) -> None:
+                 emulate_precision_casts: bool = False, attention_tuning: str | None = None) -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -950,7 +957,8 @@ class FastGenerator:
         if reference_kernels:
             _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
                                    decode_attention=decode_attention, compile_pick=compile_pick, fp8=fp8,
-                                   prefill_once=prefill_once, emulate_precision_casts=emulate_precision_casts)
+                                   prefill_once=prefill_once, emulate_precision_casts=emulate_precision_casts,
+                                   attention_tuning=attention_tuning)
             compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
         # off under reference_kernels: generate prefills every row, and a GEMM of fewer rows may round otherwise
         self.prefill_once = (not reference_kernels) if prefill_once is None else prefill_once
@@ -971,11 +979,17 @@ class FastGenerator:
         if decode_attention not in DECODE_ATTENTION:
             raise FastgenError(f"fastgen: unknown decode_attention {decode_attention!r}",
                                f"use one of {', '.join(DECODE_ATTENTION)}")
+        from rlstack.payload.fastgen import split_attention, triton_support
+
+        self.tuning: Any = None  # attention_tuning's launch shape (None: split_attention.TUNING)
+        if attention_tuning is not None:
+            try:
+                self.tuning = split_attention.Tuning.parse(str(attention_tuning))
+            except ValueError as exc:
+                raise FastgenError(f"fastgen: {exc}", "bench/attention_sweep.py prints each shape's spec") from None
         # the merged shadow (a plain model's shares every tensor); reference_kernels decodes through the model
         self.own_decoder = not reference_kernels and (self.merge_lora or not self.peft)
         own_attention = gqa_attention and self.own_decoder
-        from rlstack.payload.fastgen import split_attention, triton_support
-
         # where the kernel cannot run and why (asked once: "auto" chooses with it, "triton" is refused with it)
         triton_why = triton_support.available(self.device.type, "decode_attention='triton'")
         if decode_attention == "auto":
@@ -1002,9 +1016,12 @@ class FastGenerator:
             raise FastgenError("fastgen: shared_prompt reads the prompt once per group through the triton decode "
                                "attention", "add decode_attention='triton', or drop shared_prompt")
         self.shared_prompt = shared_prompt
+        if self.tuning is not None and decode_attention != "triton":
+            raise FastgenError("fastgen: attention_tuning is the triton decode attention's launch shape",
+                               "add decode_attention='triton' (the default on CUDA), or drop attention_tuning")
         if decode_attention == "triton":
             split_attention.kernel()  # built here, not inside the compiled step (see kernel)
-            if split_attention.TUNING.fuse_merge:  # its ticket counters too (see split_attention.counters)
+            if (self.tuning or split_attention.TUNING).fuse_merge:  # its ticket counters (split_attention.counters)
                 split_attention.counters(self.device)
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
@@ -1093,6 +1110,7 @@ class FastGenerator:
                  if self.fused_gemms_saved else "projections apart", graph]
         if self.decode_attention != "matmul":
             parts.append(f"{self.decode_attention} decode attention"
+                         + (f" (launch {self.tuning.spec()})" if self.tuning is not None else "")
                          + (", the prompt read once a group" if self.shared_prompt else ""))
         if self.fp8 != "off":
             parts.append(f"FP8 projections ({self.fp8_weights} e4m3 weights, {self.fp8}-wise scales)")
@@ -1146,7 +1164,8 @@ class FastGenerator:
         extra = self._cache_kwargs(slot) | (
             {READ_KWARG: read} if read is not None else {}) | (
             {SLOT_KWARG: slot} if self.decode_attention == "triton" and slot is not None else {}) | (
-            {GROUPS_KWARG: groups} if groups is not None else {})
+            {GROUPS_KWARG: groups} if groups is not None else {}) | (
+            {TUNING_KWARG: self.tuning} if self.tuning is not None and slot is not None else {})
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=cache, use_cache=True, **extra)
         return out.logits[:, -1, :].float()

@@ -75,6 +75,30 @@ class Tuning:
         if not isinstance(self.fuse_merge, bool):
             raise ValueError(f"split attention fuse_merge must be True or False, not {self.fuse_merge!r}")
 
+    def spec(self) -> str:
+        """The compact form ``parse`` reads (``32:8:512:default``, ``:fused`` added with fuse_merge): what an
+        engine option or a bench's ``--engine-option attention_tuning=...`` carries (no commas or equals signs,
+        which those options' own syntax uses)."""
+        stages = "default" if self.num_stages is None else str(self.num_stages)
+        return ":".join([str(self.block_n), str(self.num_warps), str(self.programs), stages]
+                        + (["fused"] if self.fuse_merge else []))
+
+    @classmethod
+    def parse(cls, spec: str) -> Tuning:
+        """``block_n:num_warps:programs:num_stages[:fused]`` (``spec``'s form; num_stages ``default`` for
+        Triton's) as a Tuning, refused with the form where it is not one."""
+        parts = spec.strip().split(":")
+        form = "block_n:num_warps:programs:num_stages[:fused], e.g. 64:4:2048:2 or 32:8:512:default:fused"
+        if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "fused"):
+            raise ValueError(f"split attention tuning {spec!r}: expected {form}")
+        try:
+            block_n, warps, programs = (int(x) for x in parts[:3])
+            stages = None if parts[3] == "default" else int(parts[3])
+        except ValueError:
+            raise ValueError(f"split attention tuning {spec!r}: expected {form}") from None
+        return cls(block_n=block_n, num_warps=warps, programs=programs, num_stages=stages,
+                   fuse_merge=len(parts) == 5)
+
     def label(self) -> str:
         """``block_n=32,num_warps=8,programs=512,num_stages=default``: one results row's key."""
         return ",".join(f"{f.name}={getattr(self, f.name) if getattr(self, f.name) is not None else 'default'}"
@@ -316,10 +340,10 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
     (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
     of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
-    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``; None: the module's ``TUNING`` as it is at the call). ``merge``: how
-    the splits are merged (``merge_splits``; the sweep passes a compiled one; not called where the kernel
-    merges them itself, ``tuning.fuse_merge``). Returns [B, H, 1, D] in the
-    query's dtype."""
+    then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``; None: the
+    module's ``TUNING`` as it is at the call). ``merge``: how the splits are merged (``merge_splits``; the sweep
+    passes a compiled one; not called where the kernel merges them itself, ``tuning.fuse_merge``). Returns
+    [B, H, 1, D] in the query's dtype."""
     import torch
 
     tuning = TUNING if tuning is None else tuning
@@ -346,7 +370,9 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     # the kernel merges the splits itself for one pass (not the prompt pass's two launches) when there are
     # counters enough for its (sequence, KV head) pairs
     fuse = tuning.fuse_merge and groups is None and b * kv <= COUNTER_SLOTS
-    final = torch.empty((b, h, 1, d), dtype=query.dtype, device=query.device) if fuse else o
+    # unfused, the kernel never touches either: any pointer, one it only reads (not a buffer it writes, which
+    # inductor, seeing it twice, might copy)
+    final = torch.empty((b, h, 1, d), dtype=query.dtype, device=query.device) if fuse else slot
     tickets = counters(query.device) if fuse else slot
     block_d = 1 << max(4, (d - 1).bit_length())
     # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
