@@ -289,6 +289,47 @@ def test_a_repeated_prompt_prefilled_once_feeds_the_captured_graph() -> None:
     assert eng.prefilled_rows == 2
 
 
+@pytest.mark.parametrize("batch", [8, 64])
+def test_the_kernel_merging_its_own_splits_matches_the_separate_merge_launch_after_launch(batch: int) -> None:
+    """split_attention's fuse_merge on the GPU, where programs run at once (Triton's interpreter runs them one
+    after another, so a race in the tickets cannot show there): the Qwen3-4B shape's attention (8 KV heads of 4
+    query heads, 128 wide, 768 slots, 466 filled) through 36 layers captured in one CUDA graph, replayed 50 times,
+    each layer's output equal to the kernel followed by merge_splits within the float32 sums' order, and the
+    ticket counters back at zero."""
+    pytest.importorskip("triton")
+    from rlstack.payload.fastgen import split_attention as sa
+
+    layers, kv, g, length, d, fill = 36, 8, 4, 768, 128, 466
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    q = torch.randn(batch, kv * g, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(layers, batch, kv, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(layers, batch, kv, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    keep = torch.ones(batch, length, device="cuda", dtype=torch.bool)
+    keep[0, :37] = False
+    slot = torch.tensor([fill - 1], device="cuda")
+    apart = sa.TUNING
+    fused = sa.Tuning(block_n=apart.block_n, num_warps=apart.num_warps, programs=apart.programs, fuse_merge=True)
+    want = torch.stack([sa.attend(q, k[i], v[i], keep, slot, d ** -0.5, tuning=apart) for i in range(layers)])
+    sa.counters(q.device)
+    out = torch.empty_like(want)
+
+    def step() -> None:
+        for i in range(layers):
+            out[i].copy_(sa.attend(q, k[i], v[i], keep, slot, d ** -0.5, tuning=fused))
+
+    step()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(50):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert not bool(sa.counters(q.device).any())
+
+
 def test_the_compiled_pick_draws_what_the_eager_pick_draws() -> None:
     """compile_pick: inductor fuses the pick, and with aten's RNG kernels (fallback_random) the draw reads the same
     numbers, so seeded sampling gives the eager pick's tokens (up to a last-bit difference in the fused log at an
