@@ -20,7 +20,7 @@ a batch is the grouped matmuls (decode_attention="matmul", compiled as fastgen's
 
     python3 bench/attention_sweep.py                      on a CUDA machine with torch and triton (no other
                                                           package: the device tool's H200 as it comes)
-        [--batches 8,64] [--fills 466] [--block-n 32,64,128] [--warps 4,8] [--programs 128,512,2048]
+        [--batches 8,64] [--fills 466] [--block-n 32,64,128] [--warps 2,4,8] [--programs 128,512,2048]
         [--stages default,2]                              the grid: every combination, default first (a
                                                           launch two tunings share is timed once)
         [--fuse-top 3]                                    then the grid's 3 fastest and the default again with
@@ -235,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                          "210-token prompt, 768 the whole cache")
     ap.add_argument("--length", type=int, default=768, help="cache slots (the static cache's length)")
     # block_n 128 compiles for sm_90 without spills (128 registers, 139 KB of shared memory at Triton's 3 stages,
-    # 74 KB at 2: ahead of time on the host, 2026-12-05); programs 128 gives 8 sequences 2 longer splits
+    # 74 KB at 2: ahead of time on the host, 2026-12-05); programs 128 gives 8 sequences 2 longer splits; 2 warps
+    # (138-148 registers a thread at block_n 32-64, no spill) let ~6 programs share an SM where 8 warps let 2
     ap.add_argument("--block-n", type=ints, default=[32, 64, 128], help="cache slots per inner iteration")
-    ap.add_argument("--warps", type=ints, default=[4, 8])
+    ap.add_argument("--warps", type=ints, default=[2, 4, 8])
     ap.add_argument("--programs", type=ints, default=[128, 512, 2048],
                     help="programs a call asks for (splits follow; tunings with the same splits are timed once)")
     ap.add_argument("--stages", type=stage_list, default=[None, 2],

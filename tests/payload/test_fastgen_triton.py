@@ -32,7 +32,8 @@ def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
 
 
 def _register_use(kernel, types: dict[str, str], const: dict[str, int], capability: int, num_warps: int,
-                  aligned: frozenset[str] | set[str] = frozenset(), ir: dict | None = None) -> dict:
+                  aligned: frozenset[str] | set[str] = frozenset(), ir: dict | None = None,
+                  num_stages: int | None = None) -> dict:
     """Compile ``kernel`` ahead of time for sm_<capability> (Triton + the ptxas in its wheel, no GPU) and read
     ptxas's resource use from the cubin: {"REG": ..., "STACK": ..., ...}. ``aligned``: the arguments a launch
     passes divisible by 16 (pointers from torch, strides and sizes of the shapes used), which Triton's launcher
@@ -51,7 +52,8 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()},
                        attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} | ({"num_stages": num_stages} if num_stages is not None else {})
+    compiled = triton_compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlstack-{kernel.__name__}-{capability}-{os.getpid()}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     if ir is not None:
@@ -135,6 +137,25 @@ def test_the_kernel_that_merges_its_own_splits_compiles_with_a_released_ticket_a
         before = ptx[:re.search(r"atom\.[\w.]*add", ptx).start()]  # type: ignore[union-attr]
         assert before.rfind("bar.sync") > before.rfind("st.global"), "the ticket is taken before every store"
         assert "ld.global.cg" in ptx[len(before):]
+
+
+@pytest.mark.parametrize("spec", ["32:2:512:default", "64:2:128:2", "128:4:2048:2", "128:8:512:default"])
+def test_the_sweeps_launch_shapes_compile_for_hopper_without_spilling(spec: str) -> None:
+    """bench/attention_sweep.py's default grid reaches shapes the engine never ran (2 warps, 128-slot blocks):
+    each compiles for sm_90 at 8 and 64 sequences with its registers held (no stack) and its loads pipelined, so
+    a lease's sweep rows are timings, not compile errors."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    tuning = sa.Tuning.parse(spec)
+    for batch in (8, 64):
+        splits = sa.splits_for(batch, 8, 768, tuning)
+        const = _attention_const(SPLITS=splits, ITERS=sa.iters_for(768, splits, tuning), TOTAL=splits,
+                                 BLOCK=tuning.block_n)
+        ir: dict = {}
+        use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, 90, tuning.num_warps, _ATTENTION_ALIGNED, ir,
+                            num_stages=tuning.num_stages)
+        assert use["STACK"] == "0" and int(use["REG"]) <= 255, (spec, batch, use)
+        assert "cp.async" in ir["ptx"], (spec, batch)
 
 
 def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as_inductor_types_them(
