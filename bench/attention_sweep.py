@@ -180,7 +180,7 @@ def sweep(a: argparse.Namespace) -> int:
                     continue
                 launches.setdefault(launch, t.label())
                 row: dict[str, Any] = {"batch": batch, "fill": fill, "length": length, "tuning": t.label(),
-                                       "splits": sa.splits_for(batch, kv, length, t)}
+                                       "spec": t.spec(), "splits": sa.splits_for(batch, kv, length, t)}
                 try:
                     got = sa.attend(q, k[0], v[0], mask, slot, scale, tuning=t, merge=merge)[:, :, 0].float()
                     row["max_err"] = float((got - want).abs().max())
