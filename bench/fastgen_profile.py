@@ -304,7 +304,8 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
     threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
     them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
     2026-12-04). Why: the pick inside the graph cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200
-    (2026-12-04), 49 kernels; this says which part, before a cheaper one is written."""
+    (2026-12-04), 49 kernels; this says which part, before a cheaper one is written (`topk_bf16_ms`: the
+    threshold over bf16 logits, a candidate the pick does not run yet)."""
     import torch
 
     from rlstack.payload.fastgen.engine import _draw, _warp
@@ -317,6 +318,10 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
     if sampling.top_k is not None and sampling.top_k < cfg.vocab_size:
         parts["topk_ms"] = graph_ms(lambda: torch.topk(logits, sampling.top_k, dim=-1))
         parts["topk_two_stage_ms"] = graph_ms(lambda: two_stage_kth(logits, sampling.top_k))
+        # the same threshold over the bf16 logits the model's head computed (float32 of a bf16 is exact, so the kth
+        # value is the same): half the bytes and half the radix digits; a candidate, not what the pick runs
+        half = logits.to(torch.bfloat16)
+        parts["topk_bf16_ms"] = graph_ms(lambda: torch.topk(half, sampling.top_k, dim=-1))
     return {k: round(v, 4) for k, v in parts.items()}
 
 
