@@ -238,14 +238,15 @@ def rederive(path: Path, name: str) -> int:
     return 0
 
 
-def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> float:
+def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul", tuning: Any = None) -> float:
     """fastgen's decode attention of this kind (decode_attention: grouped matmuls, or the triton split kernel
-    reading up to the last slot) over a static cache of `length` slots, one query token, for every layer of one
-    step, in ms: compiled as fastgen's step compiles it and replayed as one graph of all layers, each layer
-    reading its own cache."""
+    reading up to the last slot, launched with ``tuning``, an engine's attention_tuning, or the default) over a
+    static cache of `length` slots, one query token, for every layer of one step, in ms: compiled as fastgen's
+    step compiles it and replayed as one graph of all layers, each layer reading its own cache."""
     import torch
 
-    from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention
+    from rlstack.payload.fastgen import split_attention
+    from rlstack.payload.fastgen.engine import SLOT_KWARG, TUNING_KWARG, gqa_decode_attention
 
     dev, dt = common.DEVICE, torch.bfloat16
     nh, nkv, hd, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
@@ -255,6 +256,10 @@ def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul") -> f
     mask = torch.ones(batch, 1, 1, length, device=dev, dtype=torch.bool)
     attn = torch.compile(gqa_decode_attention, dynamic=False) if dev == "cuda" else gqa_decode_attention
     extra = {SLOT_KWARG: torch.tensor([length - 1], device=dev)} if kind == "triton" else {}
+    if kind == "triton" and tuning is not None:
+        extra[TUNING_KWARG] = tuning
+        if tuning.fuse_merge:  # its counters made here, outside the compile (as FastGenerator does)
+            split_attention.counters(dev)
 
     def body() -> None:
         for i in range(layers):
@@ -497,17 +502,19 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
             if form in forms and name != "lm_head":
                 row["gemm_parts"][name].update(ms=forms[form], weight_bytes=1)
     row.update(gemm_columns(row["gemm_parts"], batch, ceil["copy_bandwidth_Bps"], bool(eng.fused_gemms_saved)))
+    # the engine's attention as it launches it: its kind and, for the triton kernel, its own tuning (None: TUNING)
+    kind, tuning = eng.decode_attention, getattr(eng, "tuning", None)
+    shape = tuning.spec() if tuning is not None else None
     if cache_len:
-        kind = eng.decode_attention
-        row["attention_ms"] = round(once(("attention", batch, cache_len, kind),
-                                         lambda: time_attention(cfg, batch, cache_len, kind)), 4)
+        row["attention_ms"] = round(once(("attention", batch, cache_len, kind, shape),
+                                         lambda: time_attention(cfg, batch, cache_len, kind, tuning)), 4)
         filled = prompt_len + new_tokens // 2  # the average context a step attends over
-        row["attention_filled_ms"] = round(once(("attention", batch, filled, kind),
-                                                lambda: time_attention(cfg, batch, filled, kind)), 4)
+        row["attention_filled_ms"] = round(once(("attention", batch, filled, kind, shape),
+                                                lambda: time_attention(cfg, batch, filled, kind, tuning)), 4)
         row["attention_filled_len"] = filled
     if attention_lengths:  # what reading only the filled slots could save: one compile per length
-        row["attention_by_length"] = {n: round(once(("attention", batch, n, eng.decode_attention),
-                                                    lambda n=n: time_attention(cfg, batch, n, eng.decode_attention)), 4)
+        row["attention_by_length"] = {n: round(once(("attention", batch, n, kind, shape),
+                                                    lambda n=n: time_attention(cfg, batch, n, kind, tuning)), 4)
                                       for n in attention_lengths}
     # what of loop_ms is the generation's fixed cost: the shadow's refresh, the prefill and the first pick, timed
     # as a one-token generate (its cache is the 128-slot bucket above the prompt, not the run's: the prefill's
