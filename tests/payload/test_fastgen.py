@@ -991,7 +991,8 @@ def test_prefill_once_prefills_every_row_where_the_cache_is_not_one_it_knows() -
 def test_the_refresh_merges_plain_lora_as_one_gemm_onto_the_base() -> None:
     """The shadow's merged weight is ``W + scale * B @ A`` (bf16, within one rounding of the exact sum), computed
     as one GEMM accumulating onto the base (no call of PEFT's get_delta_weight for a plain LoRA), and follows an
-    adapter step; a layer whose delta is not that form (fan_in_fan_out) goes through get_delta_weight."""
+    adapter step; a layer whose delta is not that form (a PEFT variant, fan_in_fan_out) goes through PEFT's
+    get_delta_weight, the merged weight as right."""
     from peft.tuners.lora import LoraLayer
 
     from rlstack.payload.fastgen.engine import _plain_lora
@@ -1021,7 +1022,20 @@ def test_the_refresh_merges_plain_lora_as_one_gemm_onto_the_base() -> None:
             bound = torch.finfo(torch.bfloat16).eps * (exact.abs() + 2 * size)
             assert ((shadow[name].weight.double() - exact).abs() <= bound).all(), name
         _adapter_step(model)
-    layer = next(m for m in model.modules() if isinstance(m, LoraLayer))
+    # a delta of another form (here a PEFT variant named on the layer) is PEFT's own get_delta_weight's
+    name, layer = next((n, m) for n, m in model.base_model.model.named_modules() if isinstance(m, LoraLayer))
+    layer.lora_variant = {**(getattr(layer, "lora_variant", None) or {}), "default": object()}
+    assert not _plain_lora(layer, "default")
+    real = type(layer).get_delta_weight
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(layer), "get_delta_weight",
+                   lambda self, adapter: (calls.append(adapter), real(self, adapter))[1])
+        engine.generate(ids, mask, 2, fastgen.Sampling(do_sample=False))
+    assert calls == ["default"]  # that layer only, once a refresh
+    a, b = layer.lora_A["default"].weight.double(), layer.lora_B["default"].weight.double()
+    exact = layer.get_base_layer().weight.double() + layer.scaling["default"] * b @ a
+    bound = 2 * torch.finfo(torch.bfloat16).eps * (exact.abs() + 2 * layer.scaling["default"] * b.abs() @ a.abs())
+    assert ((dict(engine.decoder.named_modules())[name].weight.double() - exact).abs() <= bound).all()
     layer.fan_in_fan_out = True
     assert not _plain_lora(layer, "default")
 
