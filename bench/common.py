@@ -287,6 +287,15 @@ def trl_compat() -> list[str]:
     return fixed
 
 
+def file_safe(text: str) -> str:
+    """``text`` as a file name the device tool brings back: its reply leaves out names with characters other than
+    letters, digits and ``_.-`` (an engine option's ``=``, a launch spec's ``:``), so ``=`` becomes ``-`` (a
+    ``key-value`` still reads as one) and any other such character ``_``."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text.replace("=", "-"))
+
+
 def engine_options(pairs: list[str]) -> dict[str, Any]:
     """`KEY=VALUE` strings as FastGenerator keyword arguments: true/false as booleans, digits as ints."""
     out: dict[str, Any] = {}

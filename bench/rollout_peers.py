@@ -167,7 +167,8 @@ class Result:
         # a run with engine options is another file: it must not replace the default path's rows
         self.engine_options = dict(options or {})
         self.options = ",".join(f"{k}={v}" for k, v in sorted(self.engine_options.items())) or None
-        self.path = out_dir() / f"{stack}-{engine}{'-' + self.options if self.options else ''}.json"
+        # (a file-safe name: the device tool leaves out files whose names hold "=" or ":"; the row keeps the options)
+        self.path = out_dir() / common.file_safe(f"{stack}-{engine}{'-' + self.options if self.options else ''}.json")
         self.meta: dict[str, Any] = {**common.header(), "engine_versions": engine_versions()}
 
     def add(self, row: dict[str, Any]) -> None:

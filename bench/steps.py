@@ -24,18 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import common
+
 
 def step_name(args: list[str]) -> str:
     """A file-safe name for a step: its script's stem (`fastgen_profile`), or the module's (`pytest`)."""
     head = args[1] if args[0] == "-m" and len(args) > 1 else args[0]
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(head).stem) or "step"
+    return common.file_safe(Path(head).stem) or "step"
 
 
 def run_steps(steps: list[list[str]], out: Path, stop_after: float | None = None) -> list[dict[str, object]]:

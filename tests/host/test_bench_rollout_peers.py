@@ -119,8 +119,12 @@ def test_engine_options_go_to_their_own_file_and_only_to_fastgen(peers: ModuleTy
     res = peers.Result("fastgen", "portable", "r1", {"attend_bucket": 256})
     res.add({"batch": 8, "tokens_per_s": 1.0})
     default = peers.Result("fastgen", "portable", "r1")
-    assert res.path.name == "portable-fastgen-attend_bucket=256.json" and default.path.name == "portable-fastgen.json"
+    assert res.path.name == "portable-fastgen-attend_bucket-256.json" and default.path.name == "portable-fastgen.json"
     assert json.loads(res.path.read_text())["rows"][0]["options"] == "attend_bucket=256"
+    # a name the device tool brings back (it leaves out "=" and ":"); the row keeps the options as given
+    shape = peers.Result("fastgen", "portable", "r1", {"attention_tuning": "32:2:512:default", "fp8": "row"})
+    assert shape.path.name == "portable-fastgen-attention_tuning-32_2_512_default_fp8-row.json"
+    assert shape.options == "attention_tuning=32:2:512:default,fp8=row"
     with pytest.raises(SystemExit, match="apply to the fastgen engine"):
         peers.main(["one", "vllm-bf16", "--stack", "fp8", "--engine-option", "attend_bucket=256"])
 
@@ -155,4 +159,4 @@ def test_fastgen_variants_share_one_loaded_model_and_each_get_a_fresh_engine(
                        "--variant", "fp8=row"]) == 0
     assert calls == [(None, None), ("fp8=row", loaded)] and dropped == ["uninstall", "release"]
     out = tmp_path / "rollout_peers"
-    assert (out / "portable-fastgen.json").exists() and (out / "portable-fastgen-fp8=row.json").exists()
+    assert (out / "portable-fastgen.json").exists() and (out / "portable-fastgen-fp8-row.json").exists()
