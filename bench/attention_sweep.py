@@ -38,6 +38,7 @@ import itertools
 import math
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import common
@@ -160,17 +161,14 @@ def sweep(a: argparse.Namespace) -> int:
             read = layers * batch * kv * fill * d * 2 * k.element_size()  # K and V of the filled slots
             default_ms = None
             launches: dict[tuple[Any, ...], str] = {}  # a launch already timed at this batch -> its tuning
-            # the grid, then its fastest few again (and the default) with the kernel merging its own splits
-            queue, refined, i = list(tunings), False, 0
-            while True:
-                if i == len(queue):
-                    if refined:
-                        break
-                    queue += fused_candidates(rows, batch, fill, tunings, a.fuse_top)
-                    refined = True
-                    continue
-                t = queue[i]
-                i += 1
+
+            def grid_then_fused(batch: int = batch, fill: int = fill) -> Iterator[Any]:
+                """The grid, then its fastest few again (and the default) with the kernel merging its own splits:
+                a generator, so the second part is chosen from the rows the first has timed."""
+                yield from tunings
+                yield from fused_candidates(rows, batch, fill, tunings, a.fuse_top)
+
+            for t in grid_then_fused():
                 # programs only decide the splits: two tunings with the same splits are the same launch (at 64
                 # sequences 128 and 512 programs both give one split), timed once
                 launch = (t.block_n, t.num_warps, t.num_stages, t.fuse_merge,
