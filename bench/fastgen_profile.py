@@ -304,13 +304,33 @@ def two_stage_kth(logits: Any, k: int, chunks: int = 64) -> Any:
     return cand.topk(k, dim=-1).values[..., -1:]
 
 
+def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, float]:
+    """``draw_triton_ms``: draw="triton"'s two kernels (fastgen.topk_draw: temperature, top-k and the draw) as a
+    graph, against ``warp_ms`` + ``draw_ms`` (what they replace); nothing where they cannot run here or do not
+    draw this sampling (the CPU, top-p, no top-k)."""
+    import torch
+
+    from rlstack.payload.fastgen import topk_draw, triton_support
+
+    batch, vocab = logits.shape
+    if (common.DEVICE != "cuda" or triton_support.available(common.DEVICE, "draw") is not None
+            or topk_draw.applies(sampling.do_sample, sampling.top_k, sampling.top_p, sampling.min_p, vocab,
+                                 batch) is not None):
+        return {}
+    seed = torch.tensor([1234], device=logits.device)
+    step = torch.zeros(1, dtype=torch.long, device=logits.device)
+    return {"draw_triton_ms": graph_ms(lambda: topk_draw.draw(logits, sampling.top_k, sampling.temperature, seed,
+                                                              step, invalid))}
+
+
 def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
     """The pick's GPU work split, each part replayed as a graph (what sample_in_graph's replay holds): the top-k
     threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
     them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
     2026-12-04). Why: the pick inside the graph cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200
     (2026-12-04), 49 kernels; this says which part, before a cheaper one is written (`topk_bf16_ms`: the
-    threshold over bf16 logits, a candidate the pick does not run yet)."""
+    threshold over bf16 logits, a candidate the pick does not run yet; `draw_triton_ms`: draw="triton"'s kernels,
+    which replace the warpers and the draw, see time_kernel_draw)."""
     import torch
 
     from rlstack.payload.fastgen.engine import _draw, _warp
@@ -327,6 +347,7 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
         # value is the same): half the bytes and half the radix digits; a candidate, not what the pick runs
         half = logits.to(torch.bfloat16)
         parts["topk_bf16_ms"] = graph_ms(lambda: torch.topk(half, sampling.top_k, dim=-1))
+    parts.update(time_kernel_draw(logits, sampling, invalid))
     return {k: round(v, 4) for k, v in parts.items()}
 
 

@@ -6,7 +6,8 @@ Why: inside a lease the machine is let go after 30 s without a call, and the pla
 ~90 rows and a profile of several variants. This reads the folder `bench/fastgen_fidelity_device.sh
 profile-wait` brought back (bench/steps.py's layout: `steps.json`, `N-<name>/`, `N-<name>.log`) and prints:
 each step's exit; the profile's wall time a token per variant and batch against the first variant's, with the
-parts the variants move (prefill_ms, refresh_ms, prefilled_rows, attention_filled_ms, kernels_per_step); the
+parts the variants move (prefill_ms, refresh_ms, prefilled_rows, attention_filled_ms, sampling_ms, loop_ms,
+kernels_per_step) and the pick's parts once a batch (draw="triton"'s kernels against what they replace); the
 GPU tests' result line; the sweep's best shape per batch against the default, and the verdict of the plan's
 rule: a shape becomes TUNING when it is > 10 % faster at 64 sequences and not slower at 8 (both from the sweep,
 then confirmed in the step by `--variant attention_tuning=<spec>`).
@@ -24,7 +25,9 @@ from typing import Any
 
 WIN = 0.90  # the plan's rule: > 10 % faster at 64 sequences ...
 HOLD = 1.00  # ... and not slower at 8
-PROFILE_PARTS = ("prefill_ms", "refresh_ms", "prefilled_rows", "attention_filled_ms", "kernels_per_step")
+PROFILE_PARTS = ("prefill_ms", "refresh_ms", "prefilled_rows", "attention_filled_ms", "sampling_ms", "loop_ms",
+                 "kernels_per_step")
+PICK_PARTS = ("warp_ms", "draw_ms", "draw_triton_ms")  # draw="triton"'s kernels against the torch parts they replace
 
 
 def _load(folder: Path, name: str) -> dict[str, Any] | None:
@@ -61,6 +64,12 @@ def profile_lines(data: dict[str, Any]) -> list[str]:
         parts = ", ".join(f"{k} {r[k]}" for k in PROFILE_PARTS if r.get(k) is not None)
         error = f"; compile_error: {str(r['compile_error'])[:120]}" if r.get("compile_error") else ""
         out.append(f"[{r.get('variant') or 'default'}] batch {r['batch']}: wall {wall} ms{delta}; {parts}{error}")
+    seen = set()
+    for r in rows:  # the pick's parts, timed once a batch (the same for every variant)
+        pick = r.get("pick_parts") or {}
+        if r["batch"] not in seen and any(k in pick for k in PICK_PARTS):
+            seen.add(r["batch"])
+            out.append(f"pick at batch {r['batch']}: " + ", ".join(f"{k} {pick[k]}" for k in PICK_PARTS if k in pick))
     return out
 
 

@@ -106,6 +106,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path,
     assert 0 < row["refresh_ms"] < row["prefill_ms"]  # the merge alone, part of every generate's fixed cost
     assert {"warp_ms", "draw_ms", "topk_ms", "topk_two_stage_ms"} <= set(row["pick_parts"]) and all(
         v > 0 for v in row["pick_parts"].values())  # the smoke recipe's top-k 50 is below its vocabulary
+    assert "draw_triton_ms" not in row["pick_parts"]  # draw="triton"'s kernels are timed on CUDA only
     assert row["attention_ms"] > 0 and row["cache_len"] >= row["prompt_len"] + 16
     assert set(row["attention_by_length"]) == {"32", "64"} and all(v > 0 for v in row["attention_by_length"].values())
     assert isinstance(row["fusion_saving_ms"], float) and "qkv_fused" in row["gemm_parts"]

@@ -383,3 +383,70 @@ def test_a_computed_bool_mask_reaches_the_kernel_through_inductors_lowering() ->
         assert "No module named 'setuptools'" in str(exc), str(exc)[:2000]
     else:
         assert torch.equal(out, prepared(x, n))
+
+
+# fastgen.topk_draw: draw="triton" (its kernels run in the interpreter in triton_interpreted.py)
+
+def test_the_top_k_draw_is_refused_where_it_cannot_run_or_would_change_what_it_promises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(fastgen.FastgenError, match="draw='triton' runs on CUDA") as err:
+        fastgen.FastGenerator(_tiny(), compile=False, draw="triton")
+    assert "use draw='torch'" in str(err.value)
+    with pytest.raises(fastgen.FastgenError, match="unknown draw 'cuda'"):
+        fastgen.FastGenerator(_tiny(), compile=False, draw="cuda")
+    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*draw='triton'"):
+        fastgen.FastGenerator(_tiny(), reference_kernels=True, draw="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(fastgen.FastgenError, match="compile_pick and draw='triton'"):
+        fastgen.FastGenerator(_tiny(), compile=True, compile_pick=True, draw="triton")
+    assert fastgen.FastGenerator(_tiny(), compile=False).draw == "torch"  # the default until a GPU measures it
+
+
+def test_the_top_k_draw_says_which_samplings_it_leaves_to_torch() -> None:
+    from rlstack.payload.fastgen import topk_draw as td
+
+    assert td.applies(True, 50, 1.0, None, 151936, 64) is None
+    assert td.applies(True, 1, 1.0, None, 300, 3) is None
+    assert "greedy" in (td.applies(False, 50, 1.0, None, 300, 3) or "")
+    for top_k in (None, 0, 300):
+        assert "without top-k" in (td.applies(True, top_k, 1.0, None, 300, 3) or "")
+    assert td.applies(True, 129, 1.0, None, 151936, 8) == "top_k 129 > 128"
+    assert td.applies(True, 50, 0.95, None, 151936, 8) == td.applies(True, 50, 1.0, 0.1, 151936, 8) == \
+        "top-p / min-p sampling"
+    assert "2**31" in (td.applies(True, 50, 1.0, None, 151936, 20000) or "")
+
+
+@pytest.mark.parametrize(("vocab", "top_k"), [(151936, 50), (151936, 20), (151936, 128), (32000, 50), (300, 5)])
+def test_a_rows_chunks_hold_its_top_k_and_fill_the_gpu(vocab: int, top_k: int) -> None:
+    from rlstack.payload.fastgen import topk_draw as td
+
+    plan = td.Plan.make(vocab, top_k)
+    assert plan.kp >= top_k and plan.kp & (plan.kp - 1) == 0 and plan.width >= plan.kp
+    assert (plan.chunks - 1) * plan.width < vocab <= plan.chunks * plan.width <= vocab + plan.width
+    assert plan.chunks <= td.TARGET_CHUNKS and plan.cand_p2 >= plan.chunks * plan.kp
+    if vocab == 151936:  # Qwen3's vocabulary: 38 chunks a row (304 programs at 8 sequences), <= 8,192 candidates
+        assert plan.chunks == 38 and plan.cand_p2 <= 8192
+
+
+@pytest.mark.parametrize(("capability", "top_k"),
+                         [(90, 50), (120, 50), pytest.param(90, 128, marks=pytest.mark.slow)],  # ~5-9 s each
+                         ids=["sm_90-k50", "sm_120-k50", "sm_90-k128"])
+def test_the_top_k_draw_compiles_for_hopper_and_blackwell_without_spilling(capability: int, top_k: int) -> None:
+    """Both kernels as draw launches them for Qwen3's 151,936-token vocabulary (float32 logits), ahead of time:
+    no stack (the row kernel's 4,096 candidates at top_k 50, 8,192 at the largest top_k, sort in registers), and
+    temperature as a constexpr."""
+    from rlstack.payload.fastgen import topk_draw as td
+
+    plan = td.Plan.make(151936, top_k)
+    chunk_top, row_draw, _ = td.kernels()
+    ptrs = {"logits_ptr": "*fp32", "cand_ptr": "*u64", "seed_ptr": "*i64", "step_ptr": "*i64", "tok_ptr": "*i64",
+            "invalid_ptr": "*i1"}
+    aligned = {*ptrs, "stride_b"}
+    for kernel, const in ((chunk_top, {"INV_T": 1.0, "CHUNKS": plan.chunks, "WIDTH": plan.width, "KP": plan.kp}),
+                          (row_draw, {"INV_T": td.inverse_temperature(0.7), "K": top_k, "CHUNKS": plan.chunks,
+                                      "KP": plan.kp, "CAND_P2": plan.cand_p2, "CHUNKS_P2": 64,
+                                      "WIDTH": plan.width})):
+        use = _register_use(kernel, ptrs, const, capability, td.NUM_WARPS,
+                            {n for n in aligned if n in kernel.arg_names})
+        assert use["STACK"] == "0" and int(use["REG"]) <= 255, (kernel.__name__, use)

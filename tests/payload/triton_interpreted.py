@@ -13,10 +13,11 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/payload/tes
 
 import peft  # noqa: E402
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from test_fastgen import _prompts, _tiny  # noqa: E402  (this folder is on the path, as pytest puts it)
 
 from rlstack.payload import fastgen  # noqa: E402
-from rlstack.payload.fastgen import split_attention  # noqa: E402
+from rlstack.payload.fastgen import split_attention, topk_draw  # noqa: E402
 from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention  # noqa: E402
 
 
@@ -269,3 +270,145 @@ def test_fp8_projections_with_the_triton_attention_decode_what_fp8_alone_decodes
                                 decode_attention="triton", shared_prompt=True, **sample)
         fastgen.release(model)
         assert torch.equal(alone, both), sample
+
+
+def _reference_draw(logits: torch.Tensor, top_k: int, temperature: float, seed: torch.Tensor,
+                    step: torch.Tensor) -> torch.Tensor:
+    """What topk_draw.draw must return: transformers' own TopK warper (after the temperature as torch multiplies
+    it in on CUDA), then the Gumbel-max over the kept logits with the kernels' own noise (topk_draw.noise)."""
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores * topk_draw.inverse_temperature(temperature)
+    scores = transformers.TopKLogitsWarper(top_k)(None, scores)
+    return (scores - topk_draw.noise(seed, step, *scores.shape)).argmax(-1)
+
+
+@pytest.mark.parametrize(("batch", "vocab", "top_k", "temperature", "kind"),
+                         [(3, 300, 5, 1.0, "normal"), (2, 600, 50, 0.7, "normal"), (3, 257, 16, 1.3, "bf16-ties"),
+                          (2, 300, 1, 1.0, "normal"), (2, 500, 128, 1.0, "strided"), (3, 300, 5, 1.0, "signed-zeros")],
+                         ids=["k5", "k50-t0.7", "bf16-ties-odd-vocab", "k1", "k128-strided-rows", "signed-zeros"])
+def test_the_top_k_draw_is_the_gumbel_max_over_transformers_top_k(batch: int, vocab: int, top_k: int,
+                                                                  temperature: float, kind: str) -> None:
+    """The kernels' token is the argmax of the kept logits minus their noise, the kept ones being exactly what
+    transformers' TopKLogitsWarper keeps (bf16-rounded logits: many ties at the k-th value, all kept; -0.0 kept
+    beside a k-th value of 0.0), for rows the logits' own stride apart too; at two steps (the noise moves with
+    the step)."""
+    g = torch.Generator().manual_seed(vocab + top_k)
+    logits = torch.randn(batch, vocab + (7 if kind == "strided" else 0), generator=g) * 3
+    if kind == "bf16-ties":
+        logits = logits.to(torch.bfloat16).float()
+    if kind == "signed-zeros":  # 10 tokens at 0.0 and 10 at -0.0 above every other: all 20 kept at top_k 5
+        logits = -logits.abs() - 1
+        logits[:, :10], logits[:, 10:20] = 0.0, -0.0
+    logits = logits[:, :vocab]
+    seed = torch.tensor([vocab * 7919 + top_k])
+    for k in (0, 37):
+        step = torch.tensor([k])
+        invalid = torch.zeros(batch, dtype=torch.bool)
+        got = topk_draw.draw(logits, top_k, temperature, seed, step, invalid)
+        assert got.tolist() == _reference_draw(logits, top_k, temperature, seed, step).tolist()
+        assert not invalid.any()
+
+
+def test_ties_past_a_chunks_candidates_are_all_drawn_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose k-th value is tied by more tokens than a chunk keeps as candidates (transformers keeps every
+    tie): the kernel reads the row again, and its draws reach the tied tokens past the candidates, as the
+    reference's do. (Chunks of 128 for a 400-token vocabulary, so that a chunk drops some of its 96 ties.)"""
+    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 4)
+    vocab, top_k = 400, 5
+    plan = topk_draw.Plan.make(vocab, top_k)
+    assert (plan.kp, plan.width, plan.chunks) == (16, 128, 4)
+    logits = torch.full((3, vocab), float("-inf"))
+    logits[:, 32:132] = 2.0  # 100 equal logits: 96 in the first chunk, which keeps 16 of them as candidates
+    logits[1, 200] = 3.0
+    seed = torch.tensor([11])
+    seen: set[int] = set()
+    for k in range(12):
+        step = torch.tensor([k])
+        got = topk_draw.draw(logits, top_k, 1.0, seed, step, torch.zeros(3, dtype=torch.bool))
+        assert got.tolist() == _reference_draw(logits, top_k, 1.0, seed, step).tolist()
+        seen.update(got.tolist())
+    assert len(seen & set(range(32, 132))) > 20  # more than the 16 + 4 candidates the two chunks keep
+
+
+def test_the_noise_makes_the_draw_a_sample_of_the_kept_softmax() -> None:
+    """The draw is exactly the Gumbel-max over the kernels' noise (the tests above), so its distribution is the
+    noise's: drawn that way for 4,000 rows of one row's logits, every top-k token and no other is drawn, the
+    frequencies match softmax(logits / T) over the top k to a total variation under 0.05 (a draw ignoring the
+    temperature is 0.12 away), and the noise of two steps is uncorrelated. (The noise of one 160,000-token row
+    stands in for 4,000 rows of 40: the same Philox numbers at other counters, in 157 interpreted programs.)"""
+    vocab, top_k, temperature, batch = 40, 10, 0.5, 4000
+    row = torch.linspace(-2.0, 2.0, vocab)[torch.randperm(vocab, generator=torch.Generator().manual_seed(0))]
+    seed = torch.tensor([2026])
+    kept_logits = transformers.TopKLogitsWarper(top_k)(None, row[None] * topk_draw.inverse_temperature(temperature))
+    got = (kept_logits - topk_draw.noise(seed, torch.tensor([3]), 1, batch * vocab).view(batch, vocab)).argmax(-1)
+    counts = torch.bincount(got, minlength=vocab).float()
+    kept = row >= row.topk(top_k).values[-1]
+    want = torch.where(kept, row / temperature, float("-inf")).softmax(-1)
+    assert counts[~kept].sum() == 0 and bool((counts[kept] > 0).all())
+    assert 0.5 * (counts / counts.sum() - want).abs().sum() < 0.05
+    a, b = (topk_draw.noise(seed, torch.tensor([k]), 1, 20000).flatten() for k in (3, 4))
+    assert abs(float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 0.03
+
+
+def test_rows_that_are_not_a_distribution_are_marked_invalid() -> None:
+    """As engine._draw marks them: a NaN or +inf logit, or no finite one; a row already marked stays marked."""
+    logits = torch.randn(5, 300)
+    logits[1, 7] = float("nan")
+    logits[2, 9] = float("inf")
+    logits[3] = float("-inf")
+    invalid = torch.tensor([False, False, False, False, True])
+    topk_draw.draw(logits, 20, 1.0, torch.tensor([1]), torch.tensor([0]), invalid)
+    assert invalid.tolist() == [False, True, True, True, True]
+
+
+def test_fastgen_draws_top_k_in_the_kernels_repeatably_and_only_among_the_top_k(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """draw="triton" through a LoRA shadow: every sampled token is among its step's top k (the logits the engine
+    computed, on_logits), the same torch seed gives the same tokens and another seed others; a sampling the
+    kernels do not draw (top-p) is drawn in torch, saying why: generate's own seeded tokens."""
+    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 2)  # 2 chunks of 256: few programs for the interpreter
+    model = peft.get_peft_model(_tiny(27), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(27)
+    engine = fastgen.FastGenerator(model, compile=False, draw="triton")
+    sampling = fastgen.Sampling(top_k=5, temperature=0.9, pad_token_id=0)
+    steps: list[torch.Tensor] = []
+    torch.manual_seed(3)
+    first = engine.generate(ids, mask, 6, sampling, on_logits=lambda k, logits: steps.append(logits.clone()))
+    tokens = first[:, ids.shape[1]:]
+    for k, logits in enumerate(steps):
+        top = logits.topk(5, dim=-1).values[:, -1:]
+        assert bool((logits.gather(1, tokens[:, k:k + 1]) >= top).all()), k
+    torch.manual_seed(3)
+    assert torch.equal(engine.generate(ids, mask, 6, sampling), first)
+    torch.manual_seed(4)
+    assert not torch.equal(engine.generate(ids, mask, 6, sampling), first)
+    assert engine.draw_why is None and engine.draw_error is None and "top-k draw in Triton" in engine.describe()
+    torch.manual_seed(5)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=True, top_k=50, top_p=0.9,
+                         pad_token_id=0)
+    torch.manual_seed(5)
+    got = engine.generate(ids, mask, 10, fastgen.Sampling(top_k=50, top_p=0.9, pad_token_id=0))
+    assert engine.draw_why == "top-p / min-p sampling" and torch.equal(ref, got)
+
+
+def test_a_failing_first_launch_draws_in_torch_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any exception of the kernels' first launch is kept (draw_error), said once, and the torch draw serves that
+    pick and every later one: the kernels are not tried again."""
+    model = _tiny(28)
+    ids, mask = _prompts(28)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("ptxas died")
+
+    monkeypatch.setattr(topk_draw, "draw", broken)
+    engine = fastgen.FastGenerator(model, compile=False, draw="triton")
+    sampling = fastgen.Sampling(top_k=5, pad_token_id=0)
+    for _ in range(2):
+        out = engine.generate(ids, mask, 6, sampling)
+        assert out.shape == (3, ids.shape[1] + 6)
+    assert calls == [1] and "ptxas died" in (engine.draw_error or "")
+    assert "top-k draw in torch (the Triton kernels failed)" in engine.describe()

@@ -53,6 +53,7 @@ TUNING_KWARG = "fastgen_tuning"  # attention_tuning's split_attention.Tuning (de
 # FastGenerator(decode_attention=...): how a decode step attends; "auto" (the default) picks with auto_attention
 DECODE_ATTENTION = ("auto", "matmul", "triton")
 FP8_SCALES = ("off", "row", "tensor")  # FastGenerator(fp8=...): off, or the FP8 scales' granularity (fastgen.fp8)
+DRAWS = ("torch", "triton")  # FastGenerator(draw=...): a sampling pick's top-k and draw in torch, or fastgen.topk_draw
 
 
 class FastgenError(RlstackError):
@@ -788,6 +789,7 @@ class _Loop:
     invalid: Any  # [B] bool: a row sampled from probabilities that were not a distribution (see _draw)
     entries: Any  # [B, rows an entry] int32: shared_prompt's sequences of one prompt (split_attention.entry_table)
     prompt: Any  # [1]: the prompt's slots (shared_prompt)
+    seed: Any  # [1]: the generation's seed of draw="triton"'s random numbers (fastgen.topk_draw)
 
     def tensors(self) -> list[Any]:
         return [self.tok, self.pos, self.slot, self.k, self.tokens, self.unfinished, self.invalid]
@@ -803,7 +805,7 @@ class _Loop:
                    unfinished=torch.ones((batch,), dtype=torch.bool, device=device),
                    invalid=torch.zeros((batch,), dtype=torch.bool, device=device),
                    entries=torch.full((batch, per_entry), -1, dtype=torch.int32, device=device),
-                   prompt=longs(1))
+                   prompt=longs(1), seed=longs(1))
 
 
 def _first_compiled_call(call: Callable[[], Any], state: list[Any]) -> tuple[Any, str | None]:
@@ -856,7 +858,8 @@ def _refuse_kernel_changes(**options: Any) -> None:
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
                 "decode_attention": ("auto", "matmul"), "compile_pick": (False,), "fp8": ("off",),
-                "prefill_once": (None, False), "emulate_precision_casts": (False,), "attention_tuning": (None,)}
+                "prefill_once": (None, False), "emulate_precision_casts": (False,), "attention_tuning": (None,),
+                "draw": ("torch",)}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -920,6 +923,15 @@ class FastGenerator:
       kernels (eager: ~15, each reading or writing the whole tensor: 0.47 ms at 64 sequences on the H200). Random
       numbers stay aten's (inductor's ``fallback_random``), so the draw consumes the generator as the eager pick
       does. Where its compile fails (``pick_error``) the eager pick takes over, once, saying why.
+    * ``draw="triton"`` (default "torch" until measured on a GPU): a sampling pick's temperature, top-k and draw
+      run as two Triton kernels (``fastgen.topk_draw``) instead of torch.topk, a masked copy, Exp(1) noise over
+      the vocabulary, its log and an argmax (0.17-0.3 ms a token at 8 sequences, ~0.4-0.65 at 64 on the H200,
+      2026-12-04). The same distribution (transformers' top-k, ties kept), another random stream: Triton's
+      Philox, seeded once a generation from the call's generator (or torch's default), so a seeded call repeats
+      its tokens but not the torch draw's. Where the sampling is not top-k alone (top-p, min-p, no top-k,
+      top_k > 128) the torch draw serves, said once (``draw_why``); where the kernels fail on their first launch
+      (``draw_error``) the torch draw serves from then on, said once. Not with compile_pick (both replace the
+      pick's kernels).
     * A split-K Triton GEMM for o_proj and down_proj at decode (``skinny_gemm``) was measured slower than cuBLAS
       on every projection at 8 rows on the H200 (o_proj 0.522 against 0.432 ms a step, down_proj 0.788 against
       0.707; 2026-12-05, bench/notes.md) and retired.
@@ -947,7 +959,8 @@ class FastGenerator:
                  fuse_projections: bool = True, attend_bucket: int = 0, decode_attention: str = "auto",
                  compile_pick: bool = False, reference_kernels: bool = False,
                  fp8: str = "off", shared_prompt: bool = False, prefill_once: bool | None = None,
-                 emulate_precision_casts: bool = False, attention_tuning: str | None = None) -> None:
+                 emulate_precision_casts: bool = False, attention_tuning: str | None = None,
+                 draw: str = "torch") -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -958,7 +971,7 @@ class FastGenerator:
             _refuse_kernel_changes(compile=compile, graph=graph, attend_bucket=attend_bucket,
                                    decode_attention=decode_attention, compile_pick=compile_pick, fp8=fp8,
                                    prefill_once=prefill_once, emulate_precision_casts=emulate_precision_casts,
-                                   attention_tuning=attention_tuning)
+                                   attention_tuning=attention_tuning, draw=draw)
             compile, merge_lora, gqa_attention, fuse_projections = False, False, False, False
         # off under reference_kernels: generate prefills every row, and a GEMM of fewer rows may round otherwise
         self.prefill_once = (not reference_kernels) if prefill_once is None else prefill_once
@@ -1025,6 +1038,22 @@ class FastGenerator:
                 split_attention.counters(self.device)
         self.attend_bucket = attend_bucket
         self.decode_attention = decode_attention
+        if draw not in DRAWS:
+            raise FastgenError(f"fastgen: unknown draw {draw!r}", f"use one of {', '.join(DRAWS)}")
+        if draw == "triton":
+            why = triton_support.available(self.device.type, "draw='triton'")
+            if why is not None:
+                raise FastgenError(f"fastgen: {why}", "use draw='torch' (the default) here")
+            if compile_pick:
+                raise FastgenError("fastgen: compile_pick and draw='triton' both replace the pick's kernels",
+                                   "choose one of them")
+            from rlstack.payload.fastgen import topk_draw
+
+            topk_draw.kernels()  # built here, outside any graph a pick is captured in
+        self.draw = draw
+        self.draw_why: str | None = None  # why the last sampling call drew in torch despite draw="triton"
+        self.draw_error: str | None = None  # the kernels' first launch failed: torch draws from then on
+        self._draw_ok = False
         self.compile_pick = compile_pick and self.compile
         self.emulate_precision_casts = emulate_precision_casts and self.compile
         self._pick_compiled: Any = None  # torch.compile of _pick, built with the step (compile_pick)
@@ -1124,6 +1153,9 @@ class FastGenerator:
             parts.append("inductor rounding as eager does")
         if self.sample_in_graph:
             parts.append("pick inside the graph")
+        if self.draw == "triton":
+            parts.append("top-k draw in Triton" if self.draw_error is None
+                         else "top-k draw in torch (the Triton kernels failed)")
         if self._pick_compiled is not None or self.pick_error:
             parts.append("pick compiled" if self.pick_error is None else "pick eager (its compile failed)")
         if self.patches:
@@ -1353,7 +1385,7 @@ class FastGenerator:
         dynamo's suppress_errors on); if it fails, the loop state it may have advanced is set back, the failure
         is kept in ``pick_error`` and said once, and the eager pick serves from then on."""
         if self._pick_compiled is None or generator is not None:
-            return self._pick(logits, loop, sampling, eos, generator)
+            return self._pick(logits, loop, sampling, eos, generator, self._kernel_draw(sampling, logits))
         if self._pick_ok:
             return self._pick_compiled(logits, loop, sampling, eos)
         _, why = _first_compiled_call(lambda: self._pick_compiled(logits, loop, sampling, eos), loop.tensors())
@@ -1367,14 +1399,62 @@ class FastGenerator:
         self._pick_compiled = None
         return self._pick(logits, loop, sampling, eos, generator)
 
+    def _kernel_draw(self, sampling: Sampling, logits: Any) -> Callable[[Any, _Loop], Any] | None:
+        """draw="triton"'s draw for this pick, or None where the torch draw serves (the option off, a sampling the
+        kernels do not draw, their first launch failed). The first launch is tried here: where it raises, the
+        failure is kept in ``draw_error``, said once, and the torch draw serves from then on."""
+        if self.draw != "triton" or self.draw_error is not None:
+            return None
+        from rlstack.payload.fastgen import topk_draw
+
+        why = topk_draw.applies(sampling.do_sample, sampling.top_k, sampling.top_p, sampling.min_p,
+                                logits.shape[-1], logits.shape[0])
+        if why != self.draw_why and why is not None and sampling.do_sample:
+            import logging
+
+            logging.getLogger(__name__).warning("fastgen: draw='triton' does not draw %s: drawing in torch", why)
+        self.draw_why = why
+        if why is not None:
+            return None
+
+        def kernel(warped: Any, loop: _Loop) -> Any:
+            return topk_draw.draw(warped, int(sampling.top_k or 0), sampling.temperature, loop.seed, loop.k,
+                                  loop.invalid)
+
+        if self._draw_ok:
+            return kernel
+
+        def first(warped: Any, loop: _Loop) -> Any:
+            try:
+                tok = kernel(warped, loop)
+            except Exception as exc:
+                import logging
+
+                self.draw_error = error_text(exc)
+                logging.getLogger(__name__).warning("fastgen: the Triton top-k draw failed, drawing in torch: %s",
+                                                    self.draw_error)
+                return None
+            self._draw_ok = True
+            return tok
+
+        return first
+
     @staticmethod
-    def _pick(logits: Any, loop: _Loop, sampling: Sampling, eos: Any, generator: Any = None) -> None:
+    def _pick(logits: Any, loop: _Loop, sampling: Sampling, eos: Any, generator: Any = None,
+              kernel: Callable[[Any, _Loop], Any] | None = None) -> None:
         """Token ``loop.k`` of every row from the step's logits, then the next step's inputs, all in place on the
-        device (no host sync: a CUDA graph can hold it): a finished row gets the pad token, as generate does."""
+        device (no host sync: a CUDA graph can hold it): a finished row gets the pad token, as generate does.
+        ``kernel`` (FastGenerator._kernel_draw) draws a sampling row instead of the torch warpers and draw where
+        it returns a token (None: it failed, torch draws)."""
         import torch
 
         logits = _mask_eos_before_min(logits, sampling, loop.k, eos)
-        tok = _draw(_warp(logits, sampling), generator, loop.invalid) if sampling.do_sample else logits.argmax(-1)
+        tok = None
+        if sampling.do_sample and kernel is not None:
+            tok = kernel(logits, loop)
+        if tok is None:
+            tok = (_draw(_warp(logits, sampling), generator, loop.invalid) if sampling.do_sample
+                   else logits.argmax(-1))
         if eos is not None:
             tok = torch.where(loop.unfinished, tok, torch.full_like(tok, sampling.pad_token_id))
             # not torch.isin: with more EOS ids than ~10 * B^0.145 it sorts through a host sync
@@ -1516,6 +1596,10 @@ class FastGenerator:
         eos = self._eos_tensor(sampling.eos_token_ids)
         if on_logits is not None:
             on_logits(0, logits)
+        if self.draw == "triton" and self._kernel_draw(sampling, logits) is not None:
+            # the generation's seed of the kernels' random numbers, from the caller's generator (or torch's
+            # default one); drawn only where they draw, so that a torch draw consumes what generate would
+            loop.seed.random_(generator=generator)
         self._pick_step(logits, loop, sampling, eos, generator)  # token 0, from the prefill's logits
         # captured only now: the warm-up runs decode token 0 into the slot the first real step overwrites (the
         # loop's slot before this pick was the prompt's last, which a 4.x cache would have lost)

@@ -1,0 +1,233 @@
+"""fastgen's top-k draw as two Triton kernels (``FastGenerator(draw="triton")``): temperature, top-k and the
+draw of one token a row from the float32 logits, in two launches instead of the ~8 torch kernels of
+``engine._warp`` + ``engine._draw``.
+
+Why: between two replays of the decode step the pick's GPU work was 0.17-0.3 ms a token at 8 sequences and
+~0.4-0.65 at 64 on the H200 (bench/fastgen_profile.py ``pick_parts``, 2026-12-04: torch.topk over 151,936 logits
+with one row a sequence leaves most of the GPU idle, then a masked copy, Exp(1) noise over the whole
+vocabulary, its log and an argmax, each a pass over [B, V] float32). The logits are 4.9 MB at 8 sequences: one
+read is ~2 us at the H200's bandwidth. So:
+
+1. ``chunk_top`` (grid rows x chunks): each program reads one chunk of a row (the temperature applied as torch
+   applies it on CUDA: a multiply by the float32 reciprocal) and keeps its KP largest (KP: top_k rounded up to
+   a power of two) as 64-bit keys, an order-preserving form of the float32 value above the token's index, with
+   Triton's bitonic ``tl.topk``. A row's k largest are among its chunks' KP largest.
+2. ``row_draw`` (one program a row): the KP largest of the row's candidates, sorted; the k-th is the threshold
+   transformers' TopKLogitsWarper keeps (``logits >= kth``, ties kept); then the Gumbel-max draw over the kept
+   candidates: argmax(value - log(E)), E = -log(U), U uniform from Triton's Philox keyed by the generation's
+   seed and counted by (step, row, token). That is a sample of softmax(value) over the kept tokens, as
+   ``engine._draw`` is (which takes E ~ Exp(1) from torch's generator: aten's multinomial); the distribution is
+   the same, the random stream is not (torch's exponential_ cannot be reproduced in a kernel), so a seeded
+   call gives other tokens than the torch draw does, and the same tokens again under the same seed.
+
+Exact where ties sit at the threshold: a chunk whose KP-th candidate is still kept may have dropped equal values
+(transformers keeps them all), so such a row reads its whole logits once more and draws over every token at or
+above the threshold (the same noise for the same token: the same draw). Rows that are not a distribution (a NaN
+or +inf logit, or none finite) are marked in ``invalid``, as ``engine._draw`` marks them.
+
+What it does not do (``applies`` says which, the engine then draws in torch): top-p, min-p, no top-k (a draw
+over the whole vocabulary), top_k > MAX_TOP_K, greedy (one argmax is already one kernel).
+Kernels are built on first use (``kernels``), as fastgen.split_attention's are: ``triton.jit`` decides at
+decoration whether it compiles or runs in Triton's CPU interpreter (TRITON_INTERPRET=1, the CPU tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+MAX_TOP_K = 128  # KP = 128: a row's candidates (<= 38 chunks x 128 for a 152k vocabulary) sort in one program
+TARGET_CHUNKS = 64  # chunks a row at most, for a large vocabulary: 8 rows x ~38 chunks fill the H200's 132 SMs
+NUM_WARPS = 8
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The kernels' shape for a (vocabulary, top_k): candidates kept a chunk (``kp``), the chunk's width, how many
+    chunks a row has, and the candidates' count padded to a power of two (the second kernel's sort)."""
+
+    kp: int
+    width: int
+    chunks: int
+    cand_p2: int
+
+    @classmethod
+    def make(cls, vocab: int, top_k: int) -> Plan:
+        kp = max(16, _pow2(top_k))
+        width = max(kp, _pow2(-(-vocab // TARGET_CHUNKS)))
+        chunks = -(-vocab // width)
+        return cls(kp=kp, width=width, chunks=chunks, cand_p2=_pow2(chunks * kp))
+
+
+def applies(do_sample: bool, top_k: int | None, top_p: float, min_p: float | None, vocab: int,
+            batch: int) -> str | None:
+    """None where the kernels draw what ``engine._warp`` + ``engine._draw`` would (in distribution), else why not,
+    for the engine to say once and draw in torch."""
+    if not do_sample:
+        return "greedy decoding is one argmax"
+    if not top_k or top_k >= vocab:
+        return "sampling without top-k (the kernels draw among a row's top-k candidates)"
+    if top_k > MAX_TOP_K:
+        return f"top_k {top_k} > {MAX_TOP_K}"
+    if top_p < 1.0 or min_p is not None:
+        return "top-p / min-p sampling"
+    if batch * vocab >= 2 ** 31:
+        return f"{batch} rows x {vocab} tokens: more than 2**31 logits"
+    return None
+
+
+_KERNELS: Any = None
+# the kernels' Triton helpers: module globals, set by kernels(), because Triton resolves a name a kernel calls in
+# the kernel's module globals, not in the function that decorated it
+_key: Any = None
+_value: Any = None
+_scores: Any = None
+
+
+def kernels() -> Any:
+    """(chunk_top, row_draw, noise_of), decorated on first use (FastGenerator calls it when made, outside any graph)."""
+    global _KERNELS, _key, _value, _scores
+    if _KERNELS is not None:
+        return _KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def key_of(x):
+        # float32 -> uint32 in the same order (negatives' bits flipped, positives' sign bit set); a NaN becomes
+        # the largest key, so a row holding one shows as invalid (its largest value is not finite)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 as +0.0: equal as floats, so equal as keys
+        bits = x.to(tl.uint32, bitcast=True)
+        # (a xor, not ~: Triton 3.6's interpreter fails ~ on an unsigned tensor)
+        key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+        return tl.where(x != x, 0xFFFFFFFF, key)
+
+    @triton.jit
+    def value_of(key):
+        bits = tl.where((key >> 31) != 0, key & 0x7FFFFFFF, key ^ 0xFFFFFFFF)  # key_of, undone
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def scores_of(value, token, seed, step, row, batch, vocab):
+        # Gumbel-max: value - log(E), E = -log(U) ~ Exp(1); U from Philox at (seed; (step, row, token)). U = 0
+        # (one in 2**31) gives E = inf and a score of -inf: never drawn, as aten's exponential_ at inf
+        u = tl.rand(seed, (step * batch + row) * vocab + token.to(tl.int64))
+        return value - tl.log(-tl.log(u))
+
+    _key, _value, _scores = key_of, value_of, scores_of
+
+    @triton.jit
+    def chunk_top(logits_ptr, cand_ptr, stride_b, vocab, INV_T: tl.constexpr, CHUNKS: tl.constexpr,
+                  WIDTH: tl.constexpr, KP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        idx = c * WIDTH + tl.arange(0, WIDTH)
+        x = tl.load(logits_ptr + row * stride_b + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
+        if INV_T != 1.0:
+            x = x * INV_T
+        packed = (_key(x).to(tl.uint64) << 32) | idx.to(tl.uint64)
+        tl.store(cand_ptr + (row * CHUNKS + c) * KP + tl.arange(0, KP), tl.topk(packed, KP))
+
+    @triton.jit
+    def row_draw(logits_ptr, cand_ptr, seed_ptr, step_ptr, tok_ptr, invalid_ptr, stride_b, vocab, batch,
+                 INV_T: tl.constexpr, K: tl.constexpr, CHUNKS: tl.constexpr, KP: tl.constexpr,
+                 CAND_P2: tl.constexpr, CHUNKS_P2: tl.constexpr, WIDTH: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        seed = tl.load(seed_ptr)
+        step = tl.load(step_ptr)
+        offs = tl.arange(0, CAND_P2)
+        base = cand_ptr + row * CHUNKS * KP
+        cand = tl.load(base + offs, mask=offs < CHUNKS * KP, other=0)  # 0: below every real key
+        keys = cand >> 32
+        best = tl.topk(keys, KP)  # sorted, largest first
+        thr = tl.max(tl.where(tl.arange(0, KP) == K - 1, best, 0), axis=0)  # the k-th largest
+        top = tl.max(keys, axis=0)
+        bad = (top >= 0xFF800000) | (top <= 0x007FFFFF)  # largest is +inf or NaN, or -inf: no distribution
+        # a chunk whose last candidate is kept (and finite) may have dropped values equal to the threshold
+        cs = tl.arange(0, CHUNKS_P2)
+        last = tl.load(base + cs * KP + KP - 1, mask=cs < CHUNKS, other=0) >> 32
+        spilled = tl.sum(((last >= thr) & (last > 0x007FFFFF)).to(tl.int32), axis=0) > 0
+        if spilled:  # rare: every token of the row at or above the threshold, read again
+            best_s = tl.full([], float("-inf"), tl.float32)
+            best_t = tl.full([], 0, tl.int32)
+            for start in range(0, CHUNKS * WIDTH, WIDTH):
+                idx = start + tl.arange(0, WIDTH)
+                x = tl.load(logits_ptr + row * stride_b + idx, mask=idx < vocab,
+                            other=float("-inf")).to(tl.float32)
+                if INV_T != 1.0:
+                    x = x * INV_T
+                s = tl.where(_key(x).to(tl.uint64) >= thr, _scores(x, idx, seed, step, row, batch, vocab),
+                             float("-inf"))
+                m = tl.max(s, axis=0)
+                at = tl.argmax(s, axis=0)
+                take = m > best_s
+                best_t = tl.where(take, start + at, best_t)
+                best_s = tl.where(take, m, best_s)
+            tok = best_t.to(tl.int64)
+        else:
+            token = (cand & 0xFFFFFFFF).to(tl.int32)
+            s = tl.where((keys >= thr) & (offs < CHUNKS * KP),
+                         _scores(_value(keys.to(tl.uint32)), token, seed, step, row, batch, vocab), float("-inf"))
+            at = tl.argmax(s, axis=0)
+            tok = tl.sum(tl.where(offs == at, token, 0), axis=0).to(tl.int64)
+        tl.store(tok_ptr + row, tok)
+        old = tl.load(invalid_ptr + row)
+        tl.store(invalid_ptr + row, old | bad)
+
+    @triton.jit
+    def noise_of(out_ptr, seed_ptr, step_ptr, batch, vocab, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        u = tl.rand(tl.load(seed_ptr), (tl.load(step_ptr) * batch + row) * vocab + idx.to(tl.int64))
+        tl.store(out_ptr + row * vocab + idx, tl.log(-tl.log(u)), mask=idx < vocab)
+
+    _KERNELS = (chunk_top, row_draw, noise_of)
+    return _KERNELS
+
+
+def inverse_temperature(temperature: float) -> float:
+    """1 / temperature as torch's CUDA kernel computes ``logits / temperature`` for a Python scalar: the float32
+    reciprocal, multiplied in (aten's div_true_kernel_cuda). A float32 value, so the constexpr Triton gets is
+    exact."""
+    import numpy as np
+
+    return float(np.float32(1.0) / np.float32(temperature))
+
+
+def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, invalid: Any) -> Any:
+    """One token a row, [B] int64, from float32 (or bf16) ``logits`` [B, V] (rows contiguous): temperature, top-k
+    (transformers' rule, ties at the k-th value kept), then a draw from the softmax over what is kept. ``seed``
+    and ``step`` are [1] int64 device tensors (a captured graph reads them where they are: the step advances in
+    place); ``invalid`` [B] bool is or-ed with the rows that were not a distribution. Call ``applies`` first."""
+    import torch
+
+    chunk_top, row_draw, _ = kernels()
+    batch, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    plan = Plan.make(vocab, top_k)
+    inv_t = inverse_temperature(temperature)
+    cand = torch.empty((batch, plan.chunks, plan.kp), dtype=torch.uint64, device=logits.device)
+    tok = torch.empty((batch,), dtype=torch.long, device=logits.device)
+    chunk_top[(batch, plan.chunks)](logits, cand, logits.stride(0), vocab, INV_T=inv_t, CHUNKS=plan.chunks,
+                                    WIDTH=plan.width, KP=plan.kp, num_warps=NUM_WARPS)
+    row_draw[(batch,)](logits, cand, seed, step, tok, invalid, logits.stride(0), vocab, batch, INV_T=inv_t,
+                       K=top_k, CHUNKS=plan.chunks, KP=plan.kp, CAND_P2=plan.cand_p2,
+                       CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width, num_warps=NUM_WARPS)
+    return tok
+
+
+def noise(seed: Any, step: Any, batch: int, vocab: int) -> Any:
+    """log(-log(U)) for every (row, token) of a step, [batch, vocab] float32 on ``seed``'s device, from the same
+    Philox numbers ``draw`` uses (``seed`` and ``step`` as ``draw`` takes them): what a reference draw in torch
+    subtracts from the kept values (``draw``'s score is value - this)."""
+    import torch
+
+    out = torch.empty((batch, vocab), dtype=torch.float32, device=seed.device)
+    block = 1024
+    kernels()[2][(batch, -(-vocab // block))](out, seed, step, batch, vocab, BLOCK=block)
+    return out
