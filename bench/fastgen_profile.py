@@ -304,10 +304,11 @@ def two_stage_kth(logits: Any, k: int, chunks: int = 64) -> Any:
     return cand.topk(k, dim=-1).values[..., -1:]
 
 
-def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, float]:
+def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, Any]:
     """``draw_triton_ms``: draw="triton"'s two kernels (fastgen.topk_draw: temperature, top-k and the draw) as a
-    graph, against ``warp_ms`` + ``draw_ms`` (what they replace); nothing where they cannot run here or do not
-    draw this sampling (the CPU, top-p, no top-k)."""
+    graph, against ``warp_ms`` + ``draw_ms`` (what they replace), and ``draw_triton_by_chunks``: the same at other
+    launch shapes (``"<target chunks>:<warps>"``); nothing where they cannot run here or do not draw this
+    sampling (the CPU, top-p, no top-k)."""
     import torch
 
     from rlstack.payload.fastgen import topk_draw, triton_support
@@ -319,11 +320,17 @@ def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, floa
         return {}
     seed = torch.tensor([1234], device=logits.device)
     step = torch.zeros(1, dtype=torch.long, device=logits.device)
-    return {"draw_triton_ms": graph_ms(lambda: topk_draw.draw(logits, sampling.top_k, sampling.temperature, seed,
-                                                              step, invalid))}
+
+    def timed(chunks: int | None = None, warps: int = topk_draw.NUM_WARPS) -> float:
+        return round(graph_ms(lambda: topk_draw.draw(logits, sampling.top_k, sampling.temperature, seed, step,
+                                                     invalid, chunks, warps)), 4)
+
+    # the launch shapes next to the engine's (TARGET_CHUNKS, NUM_WARPS): which one the kernels should take
+    shapes = {f"{c}:{w}": timed(c, w) for c in (16, 32, 64, 128) for w in (4, 8)}
+    return {"draw_triton_ms": timed(), "draw_triton_by_chunks": shapes}
 
 
-def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
+def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, Any]:
     """The pick's GPU work split, each part replayed as a graph (what sample_in_graph's replay holds): the top-k
     threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
     them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
@@ -347,8 +354,7 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, float]:
         # value is the same): half the bytes and half the radix digits; a candidate, not what the pick runs
         half = logits.to(torch.bfloat16)
         parts["topk_bf16_ms"] = graph_ms(lambda: torch.topk(half, sampling.top_k, dim=-1))
-    parts.update(time_kernel_draw(logits, sampling, invalid))
-    return {k: round(v, 4) for k, v in parts.items()}
+    return {k: round(v, 4) for k, v in parts.items()} | time_kernel_draw(logits, sampling, invalid)
 
 
 def rewinder(eng: Any, batch: int, cache_len: int, start: int) -> Any:

@@ -69,7 +69,11 @@ def profile_lines(data: dict[str, Any]) -> list[str]:
         pick = r.get("pick_parts") or {}
         if r["batch"] not in seen and any(k in pick for k in PICK_PARTS):
             seen.add(r["batch"])
-            out.append(f"pick at batch {r['batch']}: " + ", ".join(f"{k} {pick[k]}" for k in PICK_PARTS if k in pick))
+            shapes = pick.get("draw_triton_by_chunks") or {}
+            fastest = (f"; fastest draw launch (chunks:warps) {min(shapes, key=shapes.get)} "
+                       f"{min(shapes.values())}" if shapes else "")
+            out.append(f"pick at batch {r['batch']}: "
+                       + ", ".join(f"{k} {pick[k]}" for k in PICK_PARTS if k in pick) + fastest)
     return out
 
 

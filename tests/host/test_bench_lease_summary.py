@@ -55,7 +55,8 @@ def test_a_steps_folder_reads_back_as_steps_profile_tests_and_sweep(
     (tmp_path / "1-fastgen_profile").mkdir()
     (tmp_path / "1-fastgen_profile" / "fastgen_profile.json").write_text(json.dumps({"table": [
         {"variant": "", "batch": 64, "wall_ms": 6.8, "prefill_ms": 90.0, "prefilled_rows": 8,
-         "pick_parts": {"warp_ms": 0.24, "draw_ms": 0.14, "topk_ms": 0.17, "draw_triton_ms": 0.03}},
+         "pick_parts": {"warp_ms": 0.24, "draw_ms": 0.14, "topk_ms": 0.17, "draw_triton_ms": 0.03,
+                        "draw_triton_by_chunks": {"64:8": 0.03, "32:4": 0.021, "128:8": 0.04}}},
         {"variant": "prefill_once=false", "batch": 64, "wall_ms": 7.3, "prefill_ms": 330.0, "prefilled_rows": 64,
          "pick_parts": {"warp_ms": 0.24, "draw_ms": 0.14, "topk_ms": 0.17, "draw_triton_ms": 0.03}}]}))
     (tmp_path / "2-pytest.log").write_text("....F\n1 failed, 17 passed in 80.1s\n")
@@ -64,7 +65,8 @@ def test_a_steps_folder_reads_back_as_steps_profile_tests_and_sweep(
     out = proc.stdout
     assert "step 3 3-attention_sweep: not started" in out and "step 2 2-pytest: exit 1 in 80.0 s" in out
     assert "[prefill_once=false] batch 64: wall 7.3 ms (+7.4 %); prefill_ms 330.0, prefilled_rows 64" in out
-    assert out.count("pick at batch 64: warp_ms 0.24, draw_ms 0.14, draw_triton_ms 0.03") == 1  # once a batch
+    assert out.count("pick at batch 64: warp_ms 0.24, draw_ms 0.14, draw_triton_ms 0.03; fastest draw launch "
+                     "(chunks:warps) 32:4 0.021") == 1  # once a batch
     assert "2-pytest.log: 1 failed, 17 passed" in out and "no attention_sweep.json" in out
     bad = run_bench("lease_summary", str(tmp_path / "nowhere"), env=dict(os.environ))
     assert bad.returncode == 2 and "not a folder" in bad.stderr

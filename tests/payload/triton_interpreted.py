@@ -292,7 +292,7 @@ def test_the_top_k_draw_is_the_gumbel_max_over_transformers_top_k(batch: int, vo
     """The kernels' token is the argmax of the kept logits minus their noise, the kept ones being exactly what
     transformers' TopKLogitsWarper keeps (bf16-rounded logits: many ties at the k-th value, all kept; -0.0 kept
     beside a k-th value of 0.0), for rows the logits' own stride apart too; at two steps (the noise moves with
-    the step)."""
+    the step), and at another launch shape (fewer, wider chunks; 4 warps)."""
     g = torch.Generator().manual_seed(vocab + top_k)
     logits = torch.randn(batch, vocab + (7 if kind == "strided" else 0), generator=g) * 3
     if kind == "bf16-ties":
@@ -308,13 +308,16 @@ def test_the_top_k_draw_is_the_gumbel_max_over_transformers_top_k(batch: int, vo
         got = topk_draw.draw(logits, top_k, temperature, seed, step, invalid)
         assert got.tolist() == _reference_draw(logits, top_k, temperature, seed, step).tolist()
         assert not invalid.any()
+    # another launch shape (the profile times several): fewer, wider chunks, 4 warps; the same token
+    assert topk_draw.draw(logits, top_k, temperature, seed, step, invalid, target_chunks=4, num_warps=4).tolist() \
+        == got.tolist()
 
 
 def test_ties_past_a_chunks_candidates_are_all_drawn_from(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row whose k-th value is tied by more tokens than a chunk keeps as candidates (transformers keeps every
     tie): the kernel reads the row again, and its draws reach the tied tokens past the candidates, as the
     reference's do. (Chunks of 128 for a 400-token vocabulary, so that a chunk drops some of its 96 ties.)"""
-    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 4)
+    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 4)  # draw's default launch shape, as the engine's would be
     vocab, top_k = 400, 5
     plan = topk_draw.Plan.make(vocab, top_k)
     assert (plan.kp, plan.width, plan.chunks) == (16, 128, 4)

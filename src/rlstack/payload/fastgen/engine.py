@@ -1417,16 +1417,16 @@ class FastGenerator:
         if why is not None:
             return None
 
-        def kernel(warped: Any, loop: _Loop) -> Any:
-            return topk_draw.draw(warped, int(sampling.top_k or 0), sampling.temperature, loop.seed, loop.k,
+        def kernel(logits: Any, loop: _Loop) -> Any:
+            return topk_draw.draw(logits, int(sampling.top_k or 0), sampling.temperature, loop.seed, loop.k,
                                   loop.invalid)
 
         if self._draw_ok:
             return kernel
 
-        def first(warped: Any, loop: _Loop) -> Any:
+        def first(logits: Any, loop: _Loop) -> Any:
             try:
-                tok = kernel(warped, loop)
+                tok = kernel(logits, loop)
             except Exception as exc:
                 import logging
 

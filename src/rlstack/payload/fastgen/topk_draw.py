@@ -56,9 +56,12 @@ class Plan:
     cand_p2: int
 
     @classmethod
-    def make(cls, vocab: int, top_k: int) -> Plan:
+    def make(cls, vocab: int, top_k: int, target_chunks: int | None = None) -> Plan:
+        """``target_chunks`` (default TARGET_CHUNKS): at most this many chunks a row, fewer where a chunk must
+        still hold kp tokens; more chunks are more programs (more SMs busy at 8 rows) and more candidates for the
+        one program a row to sort (bench/fastgen_profile.py times a few: ``draw_triton_by_chunks``)."""
         kp = max(16, _pow2(top_k))
-        width = max(kp, _pow2(-(-vocab // TARGET_CHUNKS)))
+        width = max(kp, _pow2(-(-vocab // (target_chunks or TARGET_CHUNKS))))
         chunks = -(-vocab // width)
         return cls(kp=kp, width=width, chunks=chunks, cand_p2=_pow2(chunks * kp))
 
@@ -198,26 +201,28 @@ def inverse_temperature(temperature: float) -> float:
     return float(np.float32(1.0) / np.float32(temperature))
 
 
-def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, invalid: Any) -> Any:
+def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, invalid: Any,
+         target_chunks: int | None = None, num_warps: int = NUM_WARPS) -> Any:
     """One token a row, [B] int64, from float32 (or bf16) ``logits`` [B, V] (rows contiguous): temperature, top-k
     (transformers' rule, ties at the k-th value kept), then a draw from the softmax over what is kept. ``seed``
     and ``step`` are [1] int64 device tensors (a captured graph reads them where they are: the step advances in
-    place); ``invalid`` [B] bool is or-ed with the rows that were not a distribution. Call ``applies`` first."""
+    place); ``invalid`` [B] bool is or-ed with the rows that were not a distribution. Call ``applies`` first.
+    ``target_chunks`` and ``num_warps``: the launch shape (Plan.make; the defaults are the engine's)."""
     import torch
 
     chunk_top, row_draw, _ = kernels()
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    plan = Plan.make(vocab, top_k)
+    plan = Plan.make(vocab, top_k, target_chunks)
     inv_t = inverse_temperature(temperature)
     cand = torch.empty((batch, plan.chunks, plan.kp), dtype=torch.uint64, device=logits.device)
     tok = torch.empty((batch,), dtype=torch.long, device=logits.device)
     chunk_top[(batch, plan.chunks)](logits, cand, logits.stride(0), vocab, INV_T=inv_t, CHUNKS=plan.chunks,
-                                    WIDTH=plan.width, KP=plan.kp, num_warps=NUM_WARPS)
+                                    WIDTH=plan.width, KP=plan.kp, num_warps=num_warps)
     row_draw[(batch,)](logits, cand, seed, step, tok, invalid, logits.stride(0), vocab, batch, INV_T=inv_t,
                        K=top_k, CHUNKS=plan.chunks, KP=plan.kp, CAND_P2=plan.cand_p2,
-                       CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width, num_warps=NUM_WARPS)
+                       CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width, num_warps=num_warps)
     return tok
 
 
