@@ -172,14 +172,14 @@ class GrpoSpec(_Strict):
         The engine module imports no torch, so this check is cheap."""
         import inspect
 
-        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, FP8_SCALES, FastGenerator
+        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, DRAWS, FP8_SCALES, FastGenerator
 
         known = [p for p in inspect.signature(FastGenerator).parameters if p != "model"]
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"unknown fastgen option(s) {', '.join(unknown)}; FastGenerator takes: "
                              f"{', '.join(known)}")
-        for key, allowed in (("decode_attention", DECODE_ATTENTION), ("fp8", FP8_SCALES)):
+        for key, allowed in (("decode_attention", DECODE_ATTENTION), ("fp8", FP8_SCALES), ("draw", DRAWS)):
             if value.get(key, allowed[0]) not in allowed:
                 raise ValueError(f"unknown fastgen {key} {value[key]!r}; one of {', '.join(allowed)}")
         return value
