@@ -441,12 +441,14 @@ def test_the_top_k_draw_compiles_for_hopper_and_blackwell_without_spilling(capab
     plan = td.Plan.make(151936, top_k)
     chunk_top, row_draw, _ = td.kernels()
     ptrs = {"logits_ptr": "*fp32", "cand_ptr": "*u64", "seed_ptr": "*i64", "step_ptr": "*i64", "tok_ptr": "*i64",
-            "invalid_ptr": "*i1"}
-    aligned = {*ptrs, "stride_b"}
+            "invalid_ptr": "*i1", "live_ptr": "*i1", "eos_ptr": "*i64", "tokens_ptr": "*i64", "pos_ptr": "*i64"}
+    aligned = {*ptrs, "stride_b", "stride_tokens"}
+    # the engine's launch: the pick's bookkeeping in the row program (ADVANCE), Qwen3's two EOS ids
     for kernel, const in ((chunk_top, {"INV_T": 1.0, "CHUNKS": plan.chunks, "WIDTH": plan.width, "KP": plan.kp}),
                           (row_draw, {"INV_T": td.inverse_temperature(0.7), "K": top_k, "CHUNKS": plan.chunks,
                                       "KP": plan.kp, "CAND_P2": plan.cand_p2, "CHUNKS_P2": 64,
-                                      "WIDTH": plan.width})):
+                                      "WIDTH": plan.width, "ADVANCE": 1, "N_EOS": 2, "EOS_P2": 2,
+                                      "PAD": 151643})):
         use = _register_use(kernel, ptrs, const, capability, td.NUM_WARPS,
                             {n for n in aligned if n in kernel.arg_names})
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (kernel.__name__, use)

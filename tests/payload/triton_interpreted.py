@@ -396,6 +396,30 @@ def test_fastgen_draws_top_k_in_the_kernels_repeatably_and_only_among_the_top_k(
     assert engine.draw_why == "top-p / min-p sampling" and torch.equal(ref, got)
 
 
+def test_the_kernels_bookkeeping_finishes_rows_at_eos_and_pads_as_generate_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_k=1 makes the draw the argmax, so draw="triton" must give greedy generate's tokens exactly, through the
+    bookkeeping the row program does (a finished row padded, EOS among two ids ending a row, min_new_tokens
+    holding EOS back, the token buffer and positions): generate's own output with the same EOS rules."""
+    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 2)
+    model = _tiny(29)
+    ids, mask = _prompts(29)
+    plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                           pad_token_id=0)[:, ids.shape[1]:]
+    early = set(plain[:, :2].flatten().tolist())
+    late = [t for t in plain[:, 2:].flatten().tolist() if t not in early and t != 0]
+    assert late, plain  # a token a row reaches after min_new_tokens (a fixed seed: the scenario is pinned)
+    eos = (late[0], int(plain[0, 0]))  # the second: row 0's first greedy token, which min_new_tokens holds back
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                         eos_token_id=list(eos), min_new_tokens=2)
+    engine = fastgen.FastGenerator(model, compile=False, draw="triton")
+    got = engine.generate(ids, mask, 12, fastgen.Sampling(top_k=1, eos_token_ids=eos, min_new_tokens=2,
+                                                          pad_token_id=0))
+    assert engine.draw_why is None and engine._draw_ok
+    assert torch.equal(ref, got)
+    assert (got[:, -1] == 0).any()  # a row ended at an EOS and was padded after it (the test is about that)
+
+
 def test_a_failing_first_launch_draws_in_torch_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any exception of the kernels' first launch is kept (draw_error), said once, and the torch draw serves that
     pick and every later one: the kernels are not tried again."""

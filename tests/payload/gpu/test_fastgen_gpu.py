@@ -464,3 +464,24 @@ def test_the_triton_top_k_draw_in_the_graph_draws_what_it_draws_between_replays(
     for k, logits in enumerate(steps):
         top = logits.topk(20, dim=-1).values[:, -1:]
         assert bool((logits.gather(1, out[:, 20 + k:21 + k]) >= top).all()), k
+
+
+def test_the_triton_draws_bookkeeping_ends_and_pads_rows_as_the_torch_pick_does() -> None:
+    """top_k=1 makes draw="triton" an argmax, so through the compiled engine it must give the tokens the torch
+    pick gives greedily, including the bookkeeping the kernels' row program does (EOS among two ids ending a
+    row, min_new_tokens holding EOS back, a finished row padded)."""
+    model = _model()
+    ids, mask = _inputs()
+    plain = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)[:, 20:]
+    fastgen.release(model)
+    early = set(plain[:, :2].flatten().tolist())
+    late = [t for t in plain[:, 2:].flatten().tolist() if t not in early and t != 0]
+    eos = [late[0], int(plain[0, 0])]  # one a row reaches later, one that min_new_tokens holds back
+    kw = dict(pad_token_id=0, eos_token_id=eos, min_new_tokens=2)
+    want = fastgen.generate(model, ids, mask, 40, do_sample=False, **kw)
+    fastgen.release(model)
+    got = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=1, draw="triton", **kw)
+    eng = fastgen.get_engine(model)
+    assert eng.draw_error is None and eng.draw_why is None
+    assert torch.equal(want, got)  # (whether a row ends here depends on the GPU's greedy tokens; the CPU test
+    # in triton_interpreted.py pins a scenario where one does)

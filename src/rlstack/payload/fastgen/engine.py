@@ -928,10 +928,11 @@ class FastGenerator:
       the vocabulary, its log and an argmax (0.17-0.3 ms a token at 8 sequences, ~0.4-0.65 at 64 on the H200,
       2026-12-04). The same distribution (transformers' top-k, ties kept), another random stream: Triton's
       Philox, seeded once a generation from the call's generator (or torch's default), so a seeded call repeats
-      its tokens but not the torch draw's. Where the sampling is not top-k alone (top-p, min-p, no top-k,
-      top_k > 128) the torch draw serves, said once (``draw_why``); where the kernels fail on their first launch
-      (``draw_error``) the torch draw serves from then on, said once. Not with compile_pick (both replace the
-      pick's kernels).
+      its tokens but not the torch draw's; the second kernel also does the pick's bookkeeping for its row (EOS,
+      pad, token buffer, position), leaving two counter increments to torch. Where the sampling is not top-k
+      alone (top-p, min-p, no top-k, top_k > 128) the torch draw serves, said once (``draw_why``); where the
+      kernels fail on their first launch (``draw_error``) the torch draw serves from then on, said once. Not
+      with compile_pick (both replace the pick's kernels).
     * A split-K Triton GEMM for o_proj and down_proj at decode (``skinny_gemm``) was measured slower than cuBLAS
       on every projection at 8 rows on the H200 (o_proj 0.522 against 0.432 ms a step, down_proj 0.788 against
       0.707; 2026-12-05, bench/notes.md) and retired.
@@ -1399,7 +1400,7 @@ class FastGenerator:
         self._pick_compiled = None
         return self._pick(logits, loop, sampling, eos, generator)
 
-    def _kernel_draw(self, sampling: Sampling, logits: Any) -> Callable[[Any, _Loop], Any] | None:
+    def _kernel_draw(self, sampling: Sampling, logits: Any) -> Callable[[Any, _Loop, Any, int], bool] | None:
         """draw="triton"'s draw for this pick, or None where the torch draw serves (the option off, a sampling the
         kernels do not draw, their first launch failed). The first launch is tried here: where it raises, the
         failure is kept in ``draw_error``, said once, and the torch draw serves from then on."""
@@ -1417,44 +1418,48 @@ class FastGenerator:
         if why is not None:
             return None
 
-        def kernel(logits: Any, loop: _Loop) -> Any:
-            return topk_draw.draw(logits, int(sampling.top_k or 0), sampling.temperature, loop.seed, loop.k,
-                                  loop.invalid)
+        def kernel(logits: Any, loop: _Loop, eos: Any, pad: int) -> bool:
+            advance = topk_draw.Advance(live=loop.unfinished, eos=eos, tokens=loop.tokens, tok=loop.tok,
+                                        pos=loop.pos, pad=pad)
+            topk_draw.draw(logits, int(sampling.top_k or 0), sampling.temperature, loop.seed, loop.k, loop.invalid,
+                           advance=advance)
+            return True
 
         if self._draw_ok:
             return kernel
 
-        def first(logits: Any, loop: _Loop) -> Any:
+        def first(logits: Any, loop: _Loop, eos: Any, pad: int) -> bool:
+            # a launch that raises does so before it runs (Triton's compile), so the loop is as it was for torch
             try:
-                tok = kernel(logits, loop)
+                kernel(logits, loop, eos, pad)
             except Exception as exc:
                 import logging
 
                 self.draw_error = error_text(exc)
                 logging.getLogger(__name__).warning("fastgen: the Triton top-k draw failed, drawing in torch: %s",
                                                     self.draw_error)
-                return None
+                return False
             self._draw_ok = True
-            return tok
+            return True
 
         return first
 
     @staticmethod
     def _pick(logits: Any, loop: _Loop, sampling: Sampling, eos: Any, generator: Any = None,
-              kernel: Callable[[Any, _Loop], Any] | None = None) -> None:
+              kernel: Callable[[Any, _Loop, Any, int], bool] | None = None) -> None:
         """Token ``loop.k`` of every row from the step's logits, then the next step's inputs, all in place on the
         device (no host sync: a CUDA graph can hold it): a finished row gets the pad token, as generate does.
-        ``kernel`` (FastGenerator._kernel_draw) draws a sampling row instead of the torch warpers and draw where
-        it returns a token (None: it failed, torch draws)."""
+        ``kernel`` (FastGenerator._kernel_draw) draws the sampling rows instead of the torch warpers and draw,
+        and does the per-row bookkeeping in the same launch, where it returns True (False: it failed, torch
+        draws)."""
         import torch
 
         logits = _mask_eos_before_min(logits, sampling, loop.k, eos)
-        tok = None
-        if sampling.do_sample and kernel is not None:
-            tok = kernel(logits, loop)
-        if tok is None:
-            tok = (_draw(_warp(logits, sampling), generator, loop.invalid) if sampling.do_sample
-                   else logits.argmax(-1))
+        if sampling.do_sample and kernel is not None and kernel(logits, loop, eos, sampling.pad_token_id):
+            loop.slot.add_(1)  # the kernel did the rest of the bookkeeping below, row by row
+            loop.k.add_(1)
+            return
+        tok = _draw(_warp(logits, sampling), generator, loop.invalid) if sampling.do_sample else logits.argmax(-1)
         if eos is not None:
             tok = torch.where(loop.unfinished, tok, torch.full_like(tok, sampling.pad_token_id))
             # not torch.isin: with more EOS ids than ~10 * B^0.145 it sorts through a host sync

@@ -1,6 +1,6 @@
 """fastgen's top-k draw as two Triton kernels (``FastGenerator(draw="triton")``): temperature, top-k and the
 draw of one token a row from the float32 logits, in two launches instead of the ~8 torch kernels of
-``engine._warp`` + ``engine._draw``.
+``engine._warp`` + ``engine._draw`` (and the ~8 of the bookkeeping after them, see ``Advance``).
 
 Why: between two replays of the decode step the pick's GPU work was 0.17-0.3 ms a token at 8 sequences and
 ~0.4-0.65 at 64 on the H200 (bench/fastgen_profile.py ``pick_parts``, 2026-12-04: torch.topk over 151,936 logits
@@ -18,7 +18,9 @@ read is ~2 us at the H200's bandwidth. So:
    seed and counted by (step, row, token). That is a sample of softmax(value) over the kept tokens, as
    ``engine._draw`` is (which takes E ~ Exp(1) from torch's generator: aten's multinomial); the distribution is
    the same, the random stream is not (torch's exponential_ cannot be reproduced in a kernel), so a seeded
-   call gives other tokens than the torch draw does, and the same tokens again under the same seed.
+   call gives other tokens than the torch draw does, and the same tokens again under the same seed. With
+   ``advance`` (the engine's launch) the same program then does the pick's bookkeeping for its row (EOS, the
+   pad token, the token buffer, the position: ``Advance``), ~8 small torch kernels a step fewer.
 
 Exact where ties sit at the threshold: a chunk whose KP-th candidate is still kept may have dropped equal values
 (transformers keeps them all), so such a row reads its whole logits once more and draws over every token at or
@@ -136,9 +138,11 @@ def kernels() -> Any:
         tl.store(cand_ptr + (row * CHUNKS + c) * KP + tl.arange(0, KP), tl.topk(packed, KP))
 
     @triton.jit
-    def row_draw(logits_ptr, cand_ptr, seed_ptr, step_ptr, tok_ptr, invalid_ptr, stride_b, vocab, batch,
+    def row_draw(logits_ptr, cand_ptr, seed_ptr, step_ptr, tok_ptr, invalid_ptr, live_ptr, eos_ptr, tokens_ptr,
+                 pos_ptr, stride_b, vocab, batch, stride_tokens,
                  INV_T: tl.constexpr, K: tl.constexpr, CHUNKS: tl.constexpr, KP: tl.constexpr,
-                 CAND_P2: tl.constexpr, CHUNKS_P2: tl.constexpr, WIDTH: tl.constexpr):
+                 CAND_P2: tl.constexpr, CHUNKS_P2: tl.constexpr, WIDTH: tl.constexpr, ADVANCE: tl.constexpr,
+                 N_EOS: tl.constexpr, EOS_P2: tl.constexpr, PAD: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         seed = tl.load(seed_ptr)
         step = tl.load(step_ptr)
@@ -177,9 +181,19 @@ def kernels() -> Any:
                          _scores(_value(keys.to(tl.uint32)), token, seed, step, row, batch, vocab), float("-inf"))
             at = tl.argmax(s, axis=0)
             tok = tl.sum(tl.where(offs == at, token, 0), axis=0).to(tl.int64)
-        tl.store(tok_ptr + row, tok)
         old = tl.load(invalid_ptr + row)
         tl.store(invalid_ptr + row, old | bad)
+        if ADVANCE:  # engine._pick's bookkeeping for this row (its step and slot counters stay torch's: shared)
+            if N_EOS > 0:
+                live = tl.load(live_ptr + row)
+                tok = tl.where(live, tok, PAD)  # a finished row gets the pad token
+                ids = tl.arange(0, EOS_P2)
+                eos = tl.load(eos_ptr + ids, mask=ids < N_EOS, other=-1)
+                hit = tl.sum((eos == tok).to(tl.int32), axis=0) > 0
+                tl.store(live_ptr + row, live & (hit == 0))
+            tl.store(tokens_ptr + row * stride_tokens + step, tok)
+            tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
+        tl.store(tok_ptr + row, tok)
 
     @triton.jit
     def noise_of(out_ptr, seed_ptr, step_ptr, batch, vocab, BLOCK: tl.constexpr):
@@ -201,13 +215,31 @@ def inverse_temperature(temperature: float) -> float:
     return float(np.float32(1.0) / np.float32(temperature))
 
 
+@dataclasses.dataclass(frozen=True)
+class Advance:
+    """What ``draw`` also does for each row after its token, in the same program (``engine._pick``'s bookkeeping,
+    which is otherwise ~8 small torch kernels a step): a finished row (``live`` False) gets ``pad``; a row whose
+    token is one of ``eos`` is finished; the token is written at column ``step`` of ``tokens`` [B, L] and into
+    ``tok`` [B, 1]; ``pos`` [B, 1] moves on by one. The step and slot counters are shared by every row: the
+    caller moves them after the launch."""
+
+    live: Any
+    eos: Any  # [E] int64, or None: no EOS
+    tokens: Any
+    tok: Any
+    pos: Any
+    pad: int
+
+
 def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, invalid: Any,
-         target_chunks: int | None = None, num_warps: int = NUM_WARPS) -> Any:
+         target_chunks: int | None = None, num_warps: int = NUM_WARPS, advance: Advance | None = None) -> Any:
     """One token a row, [B] int64, from float32 (or bf16) ``logits`` [B, V] (rows contiguous): temperature, top-k
     (transformers' rule, ties at the k-th value kept), then a draw from the softmax over what is kept. ``seed``
     and ``step`` are [1] int64 device tensors (a captured graph reads them where they are: the step advances in
     place); ``invalid`` [B] bool is or-ed with the rows that were not a distribution. Call ``applies`` first.
-    ``target_chunks`` and ``num_warps``: the launch shape (Plan.make; the defaults are the engine's)."""
+    ``target_chunks`` and ``num_warps``: the launch shape (Plan.make; the defaults are the engine's). With
+    ``advance`` the kernel also does the pick's bookkeeping (Advance), and the token it returns is the one
+    written (the pad token for a finished row); the returned tensor is ``advance.tok`` then."""
     import torch
 
     chunk_top, row_draw, _ = kernels()
@@ -217,12 +249,23 @@ def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, inva
     plan = Plan.make(vocab, top_k, target_chunks)
     inv_t = inverse_temperature(temperature)
     cand = torch.empty((batch, plan.chunks, plan.kp), dtype=torch.uint64, device=logits.device)
-    tok = torch.empty((batch,), dtype=torch.long, device=logits.device)
     chunk_top[(batch, plan.chunks)](logits, cand, logits.stride(0), vocab, INV_T=inv_t, CHUNKS=plan.chunks,
                                     WIDTH=plan.width, KP=plan.kp, num_warps=num_warps)
-    row_draw[(batch,)](logits, cand, seed, step, tok, invalid, logits.stride(0), vocab, batch, INV_T=inv_t,
-                       K=top_k, CHUNKS=plan.chunks, KP=plan.kp, CAND_P2=plan.cand_p2,
-                       CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width, num_warps=num_warps)
+    if advance is None:
+        tok = torch.empty((batch,), dtype=torch.long, device=logits.device)
+        live = eos = tokens = pos = tok  # not read (ADVANCE=0)
+        n_eos, stride_tokens, pad = 0, 0, 0
+    else:
+        tok, live, tokens, pos, pad = advance.tok, advance.live, advance.tokens, advance.pos, advance.pad
+        if tok.stride(0) != 1 or pos.stride(0) != 1 or tokens.stride(1) != 1:
+            raise ValueError("draw's advance wants [B, 1] tok and pos and a [B, L] tokens buffer, rows contiguous")
+        eos = advance.eos if advance.eos is not None else tok
+        n_eos, stride_tokens = (0 if advance.eos is None else advance.eos.numel()), tokens.stride(0)
+    row_draw[(batch,)](logits, cand, seed, step, tok, invalid, live, eos, tokens, pos, logits.stride(0), vocab,
+                       batch, stride_tokens, INV_T=inv_t, K=top_k, CHUNKS=plan.chunks, KP=plan.kp,
+                       CAND_P2=plan.cand_p2, CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width,
+                       ADVANCE=int(advance is not None), N_EOS=n_eos, EOS_P2=_pow2(max(1, n_eos)), PAD=pad,
+                       num_warps=num_warps)
     return tok
 
 
