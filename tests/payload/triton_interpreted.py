@@ -313,13 +313,12 @@ def test_the_top_k_draw_is_the_gumbel_max_over_transformers_top_k(batch: int, vo
         == got.tolist()
 
 
-def test_ties_past_a_chunks_candidates_are_all_drawn_from(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ties_past_a_chunks_candidates_are_all_drawn_from() -> None:
     """A row whose k-th value is tied by more tokens than a chunk keeps as candidates (transformers keeps every
     tie): the kernel reads the row again, and its draws reach the tied tokens past the candidates, as the
     reference's do. (Chunks of 128 for a 400-token vocabulary, so that a chunk drops some of its 96 ties.)"""
-    monkeypatch.setattr(topk_draw, "TARGET_CHUNKS", 4)  # draw's default launch shape, as the engine's would be
     vocab, top_k = 400, 5
-    plan = topk_draw.Plan.make(vocab, top_k)
+    plan = topk_draw.Plan.make(vocab, top_k, target_chunks=4)
     assert (plan.kp, plan.width, plan.chunks) == (16, 128, 4)
     logits = torch.full((3, vocab), float("-inf"))
     logits[:, 32:132] = 2.0  # 100 equal logits: 96 in the first chunk, which keeps 16 of them as candidates
@@ -328,7 +327,7 @@ def test_ties_past_a_chunks_candidates_are_all_drawn_from(monkeypatch: pytest.Mo
     seen: set[int] = set()
     for k in range(12):
         step = torch.tensor([k])
-        got = topk_draw.draw(logits, top_k, 1.0, seed, step, torch.zeros(3, dtype=torch.bool))
+        got = topk_draw.draw(logits, top_k, 1.0, seed, step, torch.zeros(3, dtype=torch.bool), target_chunks=4)
         assert got.tolist() == _reference_draw(logits, top_k, 1.0, seed, step).tolist()
         seen.update(got.tolist())
     assert len(seen & set(range(32, 132))) > 20  # more than the 16 + 4 candidates the two chunks keep
