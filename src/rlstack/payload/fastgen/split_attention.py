@@ -31,6 +31,8 @@ import dataclasses
 import math
 from typing import Any
 
+from rlstack.payload.fastgen.triton_support import pow2_at_least
+
 BLOCK_N = 32  # cache slots per inner iteration
 # with BLOCK_N 32 and 8 warps: 80-92 registers a thread, no spill, loads pipelined, for sm_90 and sm_120 (ptxas,
 # ahead of time on the host, compiled as a launch specializes it: tests/payload/test_fastgen_triton.py); a
@@ -374,21 +376,21 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     # inductor, seeing it twice, might copy)
     final = torch.empty((b, h, 1, d), dtype=query.dtype, device=query.device) if fuse else slot
     tickets = counters(query.device) if fuse else slot
-    block_d = 1 << max(4, (d - 1).bit_length())
+    block_d = max(16, pow2_at_least(d))
     # FastGenerator built it (kernel()); inside the compiled step dynamo then only looks a global up
     split = _KERNEL if _KERNEL is not None else kernel()
     # num_stages only where the tuning names one: the engine's launch stays the call it has always been
     stages = {} if tuning.num_stages is None else {"num_stages": tuning.num_stages}
     first = 0
     for kind_of_pass, r, splits in passes:
-        block_h = max(MIN_BLOCK_H, 1 << max(0, (r * g - 1).bit_length()))
+        block_h = max(MIN_BLOCK_H, pow2_at_least(r * g))
         split[(b * kv, splits)](
             q, key, value, m, slot, rows, prefix, o, lse, final, tickets,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length,
             SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=tuning.block_n,
             MASK=kind, ITERS=iters_for(length, splits, tuning), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
-            FUSE=int(fuse), S_P2=1 << max(0, (total - 1).bit_length()), INTERPRETED=_INTERPRETED,
+            FUSE=int(fuse), S_P2=pow2_at_least(total), INTERPRETED=_INTERPRETED,
             num_warps=tuning.num_warps, **stages)
         first += splits
     return final if fuse else merge(o, lse, query.dtype)

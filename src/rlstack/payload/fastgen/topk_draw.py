@@ -38,13 +38,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlstack.payload.fastgen.triton_support import pow2_at_least
+
 MAX_TOP_K = 128  # KP = 128: a row's candidates (<= 38 chunks x 128 for a 152k vocabulary) sort in one program
 TARGET_CHUNKS = 64  # chunks a row at most, for a large vocabulary: 8 rows x ~38 chunks fill the H200's 132 SMs
 NUM_WARPS = 8
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +60,10 @@ class Plan:
         """``target_chunks`` (default TARGET_CHUNKS): at most this many chunks a row, fewer where a chunk must
         still hold kp tokens; more chunks are more programs (more SMs busy at 8 rows) and more candidates for the
         one program a row to sort (bench/fastgen_profile.py times a few: ``draw_triton_by_chunks``)."""
-        kp = max(16, _pow2(top_k))
-        width = max(kp, _pow2(-(-vocab // (target_chunks or TARGET_CHUNKS))))
+        kp = max(16, pow2_at_least(top_k))
+        width = max(kp, pow2_at_least(-(-vocab // (target_chunks or TARGET_CHUNKS))))
         chunks = -(-vocab // width)
-        return cls(kp=kp, width=width, chunks=chunks, cand_p2=_pow2(chunks * kp))
+        return cls(kp=kp, width=width, chunks=chunks, cand_p2=pow2_at_least(chunks * kp))
 
 
 def applies(do_sample: bool, top_k: int | None, top_p: float, min_p: float | None, vocab: int,
@@ -263,8 +261,8 @@ def draw(logits: Any, top_k: int, temperature: float, seed: Any, step: Any, inva
         n_eos, stride_tokens = (0 if advance.eos is None else advance.eos.numel()), tokens.stride(0)
     row_draw[(batch,)](logits, cand, seed, step, tok, invalid, live, eos, tokens, pos, logits.stride(0), vocab,
                        batch, stride_tokens, INV_T=inv_t, K=top_k, CHUNKS=plan.chunks, KP=plan.kp,
-                       CAND_P2=plan.cand_p2, CHUNKS_P2=_pow2(plan.chunks), WIDTH=plan.width,
-                       ADVANCE=int(advance is not None), N_EOS=n_eos, EOS_P2=_pow2(max(1, n_eos)), PAD=pad,
+                       CAND_P2=plan.cand_p2, CHUNKS_P2=pow2_at_least(plan.chunks), WIDTH=plan.width,
+                       ADVANCE=int(advance is not None), N_EOS=n_eos, EOS_P2=pow2_at_least(n_eos), PAD=pad,
                        num_warps=num_warps)
     return tok
 

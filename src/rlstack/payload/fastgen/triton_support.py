@@ -22,3 +22,9 @@ def available(device_type: str, what: str) -> str | None:
     except ImportError:
         return f"{what} needs the triton package (torch's CUDA wheels bring it)"
     return None
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): the block sizes Triton's tl.arange and the kernels' sorts
+    need, from the sizes fastgen launches them for."""
+    return 1 << max(0, n - 1).bit_length()
