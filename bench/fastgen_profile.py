@@ -306,9 +306,9 @@ def two_stage_kth(logits: Any, k: int, chunks: int = 64) -> Any:
 
 def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, Any]:
     """``draw_triton_ms``: draw="triton"'s two kernels (fastgen.topk_draw: temperature, top-k and the draw) as a
-    graph, against ``warp_ms`` + ``draw_ms`` (what they replace), and ``draw_triton_by_chunks``: the same at four
-    other launch shapes (``"<target chunks>:<warps>"``); nothing where they cannot run here or do not draw this
-    sampling (the CPU, top-p, no top-k)."""
+    graph, against ``warp_ms`` + ``draw_ms`` (what they replace), and ``draw_triton_by_chunks``: the same at the
+    engine's launch shape and four others (``"<target chunks>:<warps>"``); nothing where they cannot run here or
+    do not draw this sampling (the CPU, top-p, no top-k)."""
     import torch
 
     from rlstack.payload.fastgen import topk_draw, triton_support
@@ -325,10 +325,11 @@ def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, Any]
         return round(graph_ms(lambda: topk_draw.draw(logits, sampling.top_k, sampling.temperature, seed, step,
                                                      invalid, chunks, warps)), 4)
 
-    # four launch shapes next to the engine's (TARGET_CHUNKS 64, NUM_WARPS 8): fewer / more programs a row, fewer
-    # warps a program; each is a compile of both kernels (~a few s on the lease's CPU), so not a whole grid
-    shapes = {f"{c}:{w}": timed(c, w) for c, w in ((32, 8), (128, 8), (64, 4), (128, 4))}
-    return {"draw_triton_ms": timed(), "draw_triton_by_chunks": shapes}
+    # the engine's launch shape (TARGET_CHUNKS, NUM_WARPS) and four others: fewer / more programs a row, fewer warps
+    # a program; each is a compile of both kernels (~a few s on the lease's CPU), so not a whole grid
+    own = f"{topk_draw.TARGET_CHUNKS}:{topk_draw.NUM_WARPS}"
+    shapes = {own: timed()} | {f"{c}:{w}": timed(c, w) for c, w in ((32, 8), (128, 8), (64, 4), (128, 4))}
+    return {"draw_triton_ms": shapes[own], "draw_triton_by_chunks": shapes}
 
 
 def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, Any]:
