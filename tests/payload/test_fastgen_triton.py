@@ -400,7 +400,19 @@ def test_the_top_k_draw_is_refused_where_it_cannot_run_or_would_change_what_it_p
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(fastgen.FastgenError, match="compile_pick and draw='triton'"):
         fastgen.FastGenerator(_tiny(), compile=True, compile_pick=True, draw="triton")
-    assert fastgen.FastGenerator(_tiny(), compile=False).draw == "torch"  # the default until a GPU measures it
+    # "auto" (the default) draws in torch off CUDA, and beside compile_pick or reference_kernels anywhere
+    assert fastgen.FastGenerator(_tiny(), compile=False).draw == "torch"
+    assert fastgen.FastGenerator(_tiny(), compile=False, draw="auto").draw == "torch"
+
+
+def test_auto_draws_in_the_kernels_on_cuda_unless_another_option_owns_the_pick() -> None:
+    from rlstack.payload.fastgen.engine import auto_draw
+
+    assert auto_draw("cuda", False, False, None) == "triton"
+    assert auto_draw("cpu", False, False, None) == "torch"
+    assert auto_draw("cuda", True, False, None) == "torch"  # compile_pick fuses the torch pick instead
+    assert auto_draw("cuda", False, True, None) == "torch"  # reference_kernels: transformers' kernels
+    assert auto_draw("cuda", False, False, "triton is not installed") == "torch"
 
 
 def test_the_top_k_draw_says_which_samplings_it_leaves_to_torch() -> None:

@@ -216,7 +216,7 @@ def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> N
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex"])  # retired 2026-12-04
     assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=row"]).grpo.fastgen_options == {"fp8": "row"}
     assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.draw=triton"]).grpo.fastgen_options == {"draw": "triton"}
-    with pytest.raises(RecipeError, match="unknown fastgen draw 'cuda'; one of torch, triton"):
+    with pytest.raises(RecipeError, match="unknown fastgen draw 'cuda'; one of auto, torch, triton"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.draw=cuda"])
     with pytest.raises(RecipeError, match="unknown fastgen fp8 True; one of off, row, tensor"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=true"])  # a granularity, not a switch

@@ -338,7 +338,9 @@ def test_the_compiled_pick_draws_what_the_eager_pick_draws() -> None:
     model.eval()
     ids, mask = _inputs()
     torch.manual_seed(11)
-    eager = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0, compile=True)
+    # draw="torch": the pick compile_pick compiles (on CUDA "auto" would draw the eager side in Triton's kernels)
+    eager = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0, compile=True,
+                             draw="torch")
     fastgen.release(model)
     torch.manual_seed(11)
     fused = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0, compile=True,
@@ -481,5 +483,6 @@ def test_the_triton_draws_bookkeeping_ends_and_pads_rows_as_the_torch_pick_does(
     got = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=1, draw="triton", **kw)
     eng = fastgen.get_engine(model)
     assert eng.draw_error is None and eng.draw_why is None
+    assert fastgen.FastGenerator(model).draw == "triton"  # "auto", the default, on CUDA
     assert torch.equal(want, got)  # (whether a row ends here depends on the GPU's greedy tokens; the CPU test
     # in triton_interpreted.py pins a scenario where one does)

@@ -53,7 +53,9 @@ TUNING_KWARG = "fastgen_tuning"  # attention_tuning's split_attention.Tuning (de
 # FastGenerator(decode_attention=...): how a decode step attends; "auto" (the default) picks with auto_attention
 DECODE_ATTENTION = ("auto", "matmul", "triton")
 FP8_SCALES = ("off", "row", "tensor")  # FastGenerator(fp8=...): off, or the FP8 scales' granularity (fastgen.fp8)
-DRAWS = ("torch", "triton")  # FastGenerator(draw=...): a sampling pick's top-k and draw in torch, or fastgen.topk_draw
+# FastGenerator(draw=...): a sampling pick's top-k and draw in torch, or fastgen.topk_draw; "auto" (the default)
+# picks with auto_draw
+DRAWS = ("auto", "torch", "triton")
 
 
 class FastgenError(RlstackError):
@@ -853,13 +855,29 @@ def auto_attention(device_type: str, own_attention: bool, attend_bucket: int, tr
     return "matmul"
 
 
+def auto_draw(device_type: str, compile_pick: bool, reference_kernels: bool, triton_why: str | None) -> str:
+    """What ``draw="auto"`` (the default) draws with: fastgen.topk_draw's kernels on CUDA where Triton imports
+    (``triton_why`` is None), unless compile_pick (which fuses the torch pick instead) or reference_kernels (which
+    promises transformers' kernels) is on; else torch.
+
+    Why the kernels on CUDA: measured through portable's default path (Unsloth loader, NF4 base, H100, run id
+    20261205T114508-01aa62, bench/results/rollout_peers_pair_h100.md) in one process, twice in opposite orders:
+    1,684 and 1,672 tokens/s against 1,637 and 1,639 at 8 sequences (+2.9 %, +2.0 %), 9,168 and 9,094 against
+    8,902 and 8,913 at 64 (+3.0 %, +2.0 %), where the two default runs differ by 0.1 %; fastgen's GPU tests passed
+    on the same machine, the kernels' draw exact against transformers' top-k plus their noise among them. The
+    samplings the kernels do not draw (top-p, min-p, no top-k) fall to torch at each call (``draw_why``)."""
+    if device_type == "cuda" and triton_why is None and not compile_pick and not reference_kernels:
+        return "triton"
+    return "torch"
+
+
 def _refuse_kernel_changes(**options: Any) -> None:
     """reference_kernels promises transformers' kernels: refuse, naming it, any option that would change them
     (given a value other than its default), rather than drop it in silence."""
     defaults = {"compile": (None, False), "graph": ("manual", "none"), "attend_bucket": (0,),
                 "decode_attention": ("auto", "matmul"), "compile_pick": (False,), "fp8": ("off",),
                 "prefill_once": (None, False), "emulate_precision_casts": (False,), "attention_tuning": (None,),
-                "draw": ("torch",)}
+                "draw": ("auto", "torch")}
     changed = [f"{name}={value!r}" for name, value in options.items() if value not in defaults[name]]
     if changed:
         raise FastgenError(f"fastgen: reference_kernels decodes with transformers' own kernels; "
@@ -923,16 +941,17 @@ class FastGenerator:
       kernels (eager: ~15, each reading or writing the whole tensor: 0.47 ms at 64 sequences on the H200). Random
       numbers stay aten's (inductor's ``fallback_random``), so the draw consumes the generator as the eager pick
       does. Where its compile fails (``pick_error``) the eager pick takes over, once, saying why.
-    * ``draw="triton"`` (default "torch" until measured on a GPU): a sampling pick's temperature, top-k and draw
-      run as two Triton kernels (``fastgen.topk_draw``) instead of torch.topk, a masked copy, Exp(1) noise over
-      the vocabulary, its log and an argmax (0.17-0.3 ms a token at 8 sequences, ~0.4-0.65 at 64 on the H200,
-      2026-12-04). The same distribution (transformers' top-k, ties kept), another random stream: Triton's
-      Philox, seeded once a generation from the call's generator (or torch's default), so a seeded call repeats
-      its tokens but not the torch draw's; the second kernel also does the pick's bookkeeping for its row (EOS,
-      pad, token buffer, position), leaving two counter increments to torch. Where the sampling is not top-k
-      alone (top-p, min-p, no top-k, top_k > 128) the torch draw serves, said once (``draw_why``); where the
-      kernels fail on their first launch (``draw_error``) the torch draw serves from then on, said once. Not
-      with compile_pick (both replace the pick's kernels).
+    * ``draw="triton"`` (``"auto"``, the default, chooses it on CUDA: ``auto_draw``, measured 2-3 % faster through
+      portable's default path at 8 and 64 sequences on the H100; ``"torch"`` the torch pick's draw): a sampling pick's
+      temperature, top-k and draw run as two Triton kernels (``fastgen.topk_draw``) instead of torch.topk, a masked
+      copy, Exp(1) noise over the vocabulary, its log and an argmax (0.17-0.3 ms a token at 8 sequences, ~0.4-0.65 at 64
+      on the H200, 2026-12-04). The same distribution (transformers' top-k, ties kept), another random stream: Triton's
+      Philox, seeded once a generation from the call's generator (or torch's default), so a seeded call repeats its
+      tokens but not the torch draw's; the second kernel also does the pick's bookkeeping for its row (EOS, pad, token
+      buffer, position), leaving two counter increments to torch. Where the sampling is not top-k alone (top-p, min-p,
+      no top-k, top_k > 128) the torch draw serves, said once (``draw_why``); where the kernels fail on their first
+      launch (``draw_error``) the torch draw serves from then on, said once. Not with compile_pick (both replace the
+      pick's kernels: "auto" then draws in torch).
     * A split-K Triton GEMM for o_proj and down_proj at decode (``skinny_gemm``) was measured slower than cuBLAS
       on every projection at 8 rows on the H200 (o_proj 0.522 against 0.432 ms a step, down_proj 0.788 against
       0.707; 2026-12-05, bench/notes.md) and retired.
@@ -961,7 +980,7 @@ class FastGenerator:
                  compile_pick: bool = False, reference_kernels: bool = False,
                  fp8: str = "off", shared_prompt: bool = False, prefill_once: bool | None = None,
                  emulate_precision_casts: bool = False, attention_tuning: str | None = None,
-                 draw: str = "torch") -> None:
+                 draw: str = "auto") -> None:
         self.model = model
         param = next(model.parameters())
         self.device = param.device
@@ -1041,6 +1060,10 @@ class FastGenerator:
         self.decode_attention = decode_attention
         if draw not in DRAWS:
             raise FastgenError(f"fastgen: unknown draw {draw!r}", f"use one of {', '.join(DRAWS)}")
+        self._draw_asked = draw == "triton"  # asked for by name: a sampling it leaves to torch is a warning
+        if draw == "auto":
+            draw = auto_draw(self.device.type, compile_pick, reference_kernels,
+                             triton_support.available(self.device.type, "draw='triton'"))
         if draw == "triton":
             why = triton_support.available(self.device.type, "draw='triton'")
             if why is not None:
@@ -1413,7 +1436,9 @@ class FastGenerator:
         if why != self.draw_why and why is not None and sampling.do_sample:
             import logging
 
-            logging.getLogger(__name__).warning("fastgen: draw='triton' does not draw %s: drawing in torch", why)
+            # a warning where draw='triton' was asked for; chosen by "auto", the torch draw is what was asked
+            logging.getLogger(__name__).log(logging.WARNING if self._draw_asked else logging.INFO,
+                                            "fastgen: draw='triton' does not draw %s: drawing in torch", why)
         self.draw_why = why
         if why is not None:
             return None
