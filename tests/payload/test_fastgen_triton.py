@@ -71,9 +71,11 @@ def _register_use(kernel, types: dict[str, str], const: dict[str, int], capabili
 # No float: inside the compiled step inductor types a Python float fp64 (the test after the next one)
 _ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*u8", "slot_ptr": "*i64",
                     "rows_ptr": "*i32", "prefix_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "f_ptr": "*bf16",
-                    "cnt_ptr": "*i32"}
+                    "cnt_ptr": "*i32", "kn_ptr": "*bf16", "vn_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16",
+                    "cos_ptr": "*bf16", "sin_ptr": "*bf16"}
 _ATTENTION_ALIGNED = frozenset({*(n for n in _ATTENTION_TYPES if n.endswith("_ptr")), "sq_b", "sq_h", "sk_b", "sk_h",
-                                "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length"})
+                                "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "length", "skn_b", "skn_h", "svn_b", "svn_h",
+                                "sc_b", "ss_b"})
 
 
 def _attention_const(**changes: int) -> dict:
@@ -83,7 +85,7 @@ def _attention_const(**changes: int) -> dict:
 
     return {"SCALE": 128 ** -0.5, "KV": 8, "G": 4, "SPLITS": 1, "D": 128, "BLOCK_D": 128, "BLOCK_H": sa.MIN_BLOCK_H,
             "BLOCK": sa.BLOCK_N, "MASK": 1, "ITERS": 1, "PASS": 0, "R": 1, "SPLIT0": 0, "TOTAL": 1,
-            "FUSE": 0, "S_P2": 1, "INTERPRETED": 0, **changes}
+            "FUSE": 0, "S_P2": 1, "INTERPRETED": 0, "PRO": 0, "NORM": 0, "EPS": 0.0, "HALF": 1, **changes}
 
 
 @pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
@@ -158,6 +160,25 @@ def test_the_sweeps_launch_shapes_compile_for_hopper_without_spilling(spec: str)
         assert "cp.async" in ir["ptx"], (spec, batch)
 
 
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm_90", "sm_120"])
+def test_the_kernel_with_the_rotary_prologue_compiles_without_spilling_and_stays_pipelined(capability: int) -> None:
+    """fuse_rotary's prologue (Qwen3's q/k RMSNorm, the rotary embedding, the new key and value written to the
+    cache and attended from registers) ahead of time as fastgen would launch it on the Qwen3-4B shape at 8 and 64
+    sequences: in registers (no stack), the loop's loads still copied ahead (cp.async: the prologue stands before
+    the loop and the new slot's work after it, nothing inside it), and the cache written (st.global of the key)."""
+    from rlstack.payload.fastgen import split_attention as sa
+
+    for batch in (8, 64):
+        splits = sa.splits_for(batch, 8, 768)
+        const = _attention_const(SPLITS=splits, ITERS=sa.iters_for(768, splits), TOTAL=splits, PRO=1, NORM=1,
+                                 EPS=1e-6, HALF=64)
+        ir: dict = {}
+        use = _register_use(sa.kernel(), _ATTENTION_TYPES, const, capability, sa.NUM_WARPS, _ATTENTION_ALIGNED, ir)
+        assert use["STACK"] == "0" and int(use["REG"]) <= 255, (batch, use)
+        assert "cp.async" in ir["ptx"], (batch, "the loop's loads are not pipelined")
+        assert "rsqrt" in ir["ptx"], batch
+
+
 def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as_inductor_types_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside the compiled decode step inductor compiles the kernel itself, typing each runtime argument from the
@@ -179,18 +200,24 @@ def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as
     key = value = torch.zeros(b, kv, length, d, dtype=torch.bfloat16)
     keep = torch.ones(b, length, dtype=torch.bool)
     sa.attend(query, key, value, keep, torch.tensor([300]), d ** -0.5)
+    new = torch.zeros(b, kv, d, dtype=torch.bfloat16)
+    weight = torch.ones(d, dtype=torch.bfloat16)
+    turn = torch.zeros(b, d, dtype=torch.bfloat16)
+    sa.attend(query, key, value, keep, torch.tensor([300]), d ** -0.5,
+              prologue=sa.Prologue(new, new, weight, weight, 1e-6, turn, turn))  # fuse_rotary's launch
     monkeypatch.undo()  # the real kernel again, to compile
     pointer = {torch.bfloat16: "*bf16", torch.uint8: "*u8", torch.int64: "*i64", torch.int32: "*i32",
                torch.float32: "*fp32"}
     kernel = sa.kernel()
     runtime = [n for n in kernel.arg_names if not n.isupper()]
-    args, kwargs = launches[0]
-    assert len(args) == len(runtime)
-    types = {n: pointer[v.dtype] if isinstance(v, torch.Tensor) else "fp64" if isinstance(v, float) else "i64"
-             for n, v in zip(runtime, args, strict=True)}
-    const = {n: v for n, v in kwargs.items() if n.isupper()}
-    use = _register_use(kernel, types, const, 90, sa.NUM_WARPS)
-    assert use["STACK"] == "0", use
+    assert len(launches) == 2
+    for args, kwargs in launches:
+        assert len(args) == len(runtime)
+        types = {n: pointer[v.dtype] if isinstance(v, torch.Tensor) else "fp64" if isinstance(v, float) else "i64"
+                 for n, v in zip(runtime, args, strict=True)}
+        const = {n: v for n, v in kwargs.items() if n.isupper()}
+        use = _register_use(kernel, types, const, 90, sa.NUM_WARPS)
+        assert use["STACK"] == "0", use
 
 
 def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_trip_count() -> None:

@@ -62,6 +62,79 @@ def test_the_kernel_attends_as_the_matmul_kernel_and_reads_nothing_after_the_slo
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+def _rotary_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                      sin: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen3RMSNorm then apply_rotary_pos_emb on x [B, N, D] with cos / sin [B, D], in x's dtype and
+    rounded where its eager modules round (Llama's family: no norm where ``weight`` is None)."""
+    from transformers.models.qwen3.modeling_qwen3 import rotate_half
+
+    if weight is not None:
+        f = x.float()
+        x = weight * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+@pytest.mark.parametrize(("b", "h", "kv", "d", "length", "slot", "programs"),
+                         [(3, 8, 2, 16, 100, 70, 64), (2, 32, 8, 128, 200, 0, 512), (2, 4, 4, 32, 300, 299, 8),
+                          (1, 6, 2, 24, 130, 31, 512)],
+                         ids=["gqa4-splits", "qwen3-4b-heads-first-slot", "mha-last-slot-one-split",
+                              "head-dim-24-slot-ends-a-block"])
+@pytest.mark.parametrize("norm", [True, False], ids=["qwen3-norms", "llama-no-norm"])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_rotary_prologue_normalizes_rotates_writes_and_attends_as_transformers_does(
+        b: int, h: int, kv: int, d: int, length: int, slot: int, programs: int, norm: bool, mask_kind: str,
+        dtype: torch.dtype) -> None:
+    """fuse_rotary: given the projections' raw query, key and value, the kernel writes into the cache at the slot
+    the key transformers' q/k norm and rotary make (and the raw value), and attends as the matmul kernel does
+    over the cache as transformers' update leaves it; whatever split owns the slot (one split, several, the slot
+    first or last in its split). The slots after it hold NaN, which it must not read."""
+    g = torch.Generator().manual_seed(b * 7 + length)
+    q = torch.randn(b, h, 1, d, generator=g).to(dtype)
+    k_new, v_new = (torch.randn(b, kv, d, generator=g).to(dtype) for _ in range(2))
+    k = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    v = torch.randn(b, kv, length, d, generator=g).to(dtype)
+    qw = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype) if norm else None  # a weight that is not ones
+    kw = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype) if norm else None
+    angle = torch.rand(b, d // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angle.cos()] * 2, -1).to(dtype), torch.cat([angle.sin()] * 2, -1).to(dtype)
+    keep = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    keep[0, ..., : min(5, slot)] = False
+    keep[..., slot + 1:] = False
+    mask = keep if mask_kind == "bool" else torch.zeros(b, 1, 1, length, dtype=dtype).masked_fill(~keep, -torch.inf)
+    k_ref, v_ref = k.clone(), v.clone()
+    k_ref[:, :, slot] = _rotary_reference(k_new, kw, 1e-6, cos, sin)
+    v_ref[:, :, slot] = v_new
+    k_ref[:, :, slot + 1:], v_ref[:, :, slot + 1:] = 0, 0
+    q_ref = _rotary_reference(q[:, :, 0], qw, 1e-6, cos, sin)[:, :, None]
+    want, _ = gqa_decode_attention(_Attn(h // kv), q_ref, k_ref, v_ref, mask, scaling=0.3)
+    k[:, :, slot:], v[:, :, slot:] = float("nan"), float("nan")  # the slot itself too: the kernel writes it
+    tuning = split_attention.Tuning(block_n=16, programs=programs)
+    got = split_attention.attend(q, k, v, mask[:, 0, -1, :], torch.tensor([slot]), 0.3, tuning=tuning,
+                                 prologue=split_attention.Prologue(k_new, v_new, qw, kw, 1e-6, cos, sin))
+    assert got.shape == (b, h, 1, d) and got.dtype == dtype
+    # bf16: one ulp where the kernel's float32 sum of squares rounds the other way than torch's mean
+    ulp = 0.0 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(k[:, :, slot].float(), k_ref[:, :, slot].float(), rtol=ulp + 1e-6, atol=1e-5)
+    assert torch.equal(v[:, :, slot], v_new)
+    assert torch.isnan(k[:, :, slot + 1:]).all() and torch.equal(k[:, :, :slot], k_ref[:, :, :slot])
+    tol = 1e-5 if dtype == torch.float32 else 4e-2
+    torch.testing.assert_close(got.transpose(1, 2).float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_the_rotary_prologue_is_refused_with_groups_and_an_odd_head_size() -> None:
+    q = torch.zeros(2, 4, 1, 15)
+    k = torch.zeros(2, 2, 32, 15)
+    new = torch.zeros(2, 2, 15)
+    turn = torch.zeros(2, 15)
+    pro = split_attention.Prologue(new, new, None, None, 1e-6, turn, turn)
+    with pytest.raises(ValueError, match="even head size"):
+        split_attention.attend(q, k, k, None, torch.tensor([3]), 0.3, prologue=pro)
+    with pytest.raises(ValueError, match="not with groups"):
+        split_attention.attend(q, k, k, None, torch.tensor([3]), 0.3, prologue=pro,
+                               groups=(torch.zeros(2, 1, dtype=torch.int32), torch.tensor([2])))
+
+
 @pytest.mark.parametrize(("h", "kv"), [(8, 2), (4, 4), (12, 2)], ids=["gqa4-four-a-read", "mha-16-a-read",
                                                                      "gqa6-two-a-read"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

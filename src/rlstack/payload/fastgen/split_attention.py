@@ -109,14 +109,37 @@ class Tuning:
 
 TUNING = Tuning()  # what the engine launches with
 
+
+@dataclasses.dataclass(frozen=True)
+class Prologue:
+    """What the kernel does before attending where ``FastGenerator(fuse_rotary=True)`` asks it to (``attend``'s
+    ``prologue``; the query it is given is then the projection's raw one): this step's raw ``key`` and ``value``
+    [B, KV, D] (any strides, a unit last one), the RMSNorm weights of the query and key heads [D] (Qwen3's q_norm /
+    k_norm; None for a family without them, Llama's) and their ``eps``, and the rotary embedding's ``cos`` / ``sin``
+    for this step's position of each sequence [B, D] (rotate_half's convention: the first half's partner is the
+    second half's element). Why: transformers runs the norms, the rotary and the cache write as two kernels a layer
+    around the attention (0.20 ms a step at 8 sequences and 0.32 at 64 on the H200, bench/notes.md), each reading
+    and writing what the attention then reads again."""
+
+    key: Any
+    value: Any
+    q_weight: Any
+    k_weight: Any
+    eps: float
+    cos: Any
+    sin: Any
+
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
 _INTERPRETED = False  # whether kernel() built it for Triton's interpreter (float32 dots, a fixed trip count)
+# the kernel's Triton helper: a module global, set by kernel(), because Triton resolves a name a kernel calls in
+# the kernel's module globals, not in the function that decorated it
+_rounded: Any = None
 
 
 def kernel() -> Any:
     """The split kernel, decorated on first use. FastGenerator calls this when it is created, outside the
     compiled step: inside it, dynamo then finds a built kernel (a global) instead of tracing its decoration."""
-    global _KERNEL, _INTERPRETED
+    global _KERNEL, _INTERPRETED, _rounded
     if _KERNEL is not None:
         return _KERNEL
     import os
@@ -125,16 +148,40 @@ def kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
+    def rounded(x, dt: tl.constexpr, INTERPRETED: tl.constexpr):
+        # float32 x rounded to dt and widened back: an intermediate as eager rounds it. Triton 3.6's interpreter
+        # truncates where it narrows float32 to bf16 (the GPU rounds to nearest even), so there bf16's rounding
+        # is done on the bits: the interpreter tests then check the roundings the GPU does
+        if INTERPRETED and dt == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dt).to(tl.float32)
+
+    _rounded = rounded
+
+    @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr, f_ptr, cnt_ptr,
+                     kn_ptr, vn_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
                      sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, length,
+                     skn_b, skn_h, svn_b, svn_h, sc_b, ss_b,
                      SCALE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, MASK: tl.constexpr,
                      ITERS: tl.constexpr, PASS: tl.constexpr, R: tl.constexpr, SPLIT0: tl.constexpr,
-                     TOTAL: tl.constexpr, FUSE: tl.constexpr, S_P2: tl.constexpr, INTERPRETED: tl.constexpr):
+                     TOTAL: tl.constexpr, FUSE: tl.constexpr, S_P2: tl.constexpr, INTERPRETED: tl.constexpr,
+                     PRO: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, HALF: tl.constexpr):
         # SCALE (the softmax scale, a Python float) is a constexpr: inside the compiled step inductor compiles this
         # kernel with its own signature, typing a runtime Python float fp64, which made the scores and the running
         # max fp64 and failed the compile (Triton: "Loop-carried variable m_i ... re-assigned to fp64", H200,
         # 2026-12-05); a constexpr float multiplies as float32 (one compile per model: the scale is the model's)
+        # PRO 1 (fuse_rotary, PASS 0 only): q_ptr holds the projections' raw query [B, H, D] and kn_ptr / vn_ptr
+        # this step's raw key and value [B, KV, D]: every program normalizes (NORM 1: RMSNorm over D with weight
+        # qw_ptr / kw_ptr and EPS, Qwen3's q_norm / k_norm) and rotates (cos_ptr / sin_ptr [B, D], rotate_half's
+        # halves of HALF) its query heads itself, rounding where eager rounds (to the query's dtype after the
+        # norm, the weight, each product and the sum); the program whose split holds this step's slot does the
+        # same for the key, writes key and value into the cache at the slot, and attends to them from registers
+        # (its loop stops before the slot), so no program reads a slot another one writes.
         # one program: one entry (PASS 0 and 2: one sequence; PASS 1: up to R sequences of one prompt, from
         # rows_ptr [entries, R], -1 where none), one KV head (its G query heads a sequence), one split of the
         # slots the pass reads: PASS 0 every filled slot, 1 the prompt's (< prefix), 2 those after the prompt
@@ -169,6 +216,28 @@ def kernel() -> Any:
         d_ok = offs_d < D
         q = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + offs_d[None, :],
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+        stop = hi  # where the loop stops: before this step's slot in the program that attends to it from registers
+        if PRO == 1:
+            dt = q_ptr.dtype.element_ty
+            twin = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)  # rotate_half's partner of each element
+            sign = tl.where(offs_d < HALF, -1.0, 1.0)
+            cos = tl.load(cos_ptr + b * sc_b + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + b * ss_b + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            q_twin = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + twin[None, :],
+                             mask=h_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            q_own = q.to(tl.float32)
+            if NORM == 1:
+                inv = tl.rsqrt(tl.sum(q_own * q_own, axis=1) / D + EPS)
+                w_own = tl.load(qw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+                w_twin = tl.load(qw_ptr + twin, mask=d_ok, other=0.0).to(tl.float32)
+                q_own = _rounded(w_own[None, :] * _rounded(q_own * inv[:, None], dt, INTERPRETED), dt, INTERPRETED)
+                q_twin = _rounded(w_twin[None, :] * _rounded(q_twin * inv[:, None], dt, INTERPRETED), dt,
+                                  INTERPRETED)
+            q = _rounded(_rounded(q_own * cos[None, :], dt, INTERPRETED)
+                         + _rounded(sign[None, :] * q_twin * sin[None, :], dt, INTERPRETED), dt, INTERPRETED).to(dt)
+            here = tl.load(slot_ptr).to(tl.int64)  # this step's slot (filled - 1)
+            owns = (here >= lo) & (here < hi)
+            stop = tl.where(owns, hi - 1, hi)
         if INTERPRETED:
             q = q.to(tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -180,10 +249,10 @@ def kernel() -> Any:
         # and add nothing. An empty split (or an unused entry of the prompt pass) skips the loop. Conditions stand
         # around the loop, not in it: one inside stopped the pipelining. (A while loop was not pipelined either.)
         # (the bound is not assigned to a name: the interpreter makes every assigned value a tensor)
-        if hi > lo:
-            for it in range(ITERS if INTERPRETED else tl.cdiv(hi - lo, BLOCK)):
+        if stop > lo:
+            for it in range(ITERS if INTERPRETED else tl.cdiv(stop - lo, BLOCK)):
                 offs_n = lo + it * BLOCK + tl.arange(0, BLOCK)
-                n_ok = offs_n < hi
+                n_ok = offs_n < stop
                 k = tl.load(k_ptr + b * sk_b + kvh * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
                 if INTERPRETED:
@@ -207,6 +276,37 @@ def kernel() -> Any:
                 if INTERPRETED:
                     v = v.to(tl.float32)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+        if PRO == 1:  # noqa: SIM102 (Triton takes no `and` of a constexpr and a tensor in one condition)
+            if owns:
+                k_own = tl.load(kn_ptr + b * skn_b + kvh * skn_h + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+                k_twin = tl.load(kn_ptr + b * skn_b + kvh * skn_h + twin, mask=d_ok, other=0.0).to(tl.float32)
+                if NORM == 1:
+                    k_inv = tl.rsqrt(tl.sum(k_own * k_own, axis=0) / D + EPS)
+                    kw_own = tl.load(kw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+                    kw_twin = tl.load(kw_ptr + twin, mask=d_ok, other=0.0).to(tl.float32)
+                    k_own = _rounded(kw_own * _rounded(k_own * k_inv, dt, INTERPRETED), dt, INTERPRETED)
+                    k_twin = _rounded(kw_twin * _rounded(k_twin * k_inv, dt, INTERPRETED), dt, INTERPRETED)
+                k_new = _rounded(_rounded(k_own * cos, dt, INTERPRETED)
+                                 + _rounded(sign * k_twin * sin, dt, INTERPRETED), dt, INTERPRETED).to(dt)
+                v_new = tl.load(vn_ptr + b * svn_b + kvh * svn_h + offs_d, mask=d_ok, other=0.0)
+                tl.store(k_ptr + b * sk_b + kvh * sk_h + here * sk_n + offs_d, k_new, mask=d_ok)
+                tl.store(v_ptr + b * sv_b + kvh * sv_h + here * sv_n + offs_d, v_new, mask=d_ok)
+                k_f = k_new.to(tl.float32)  # the key as the cache now holds it (the cache's dtype is the query's)
+                s_new = tl.sum(q.to(tl.float32) * k_f[None, :], axis=1) * SCALE  # [BLOCK_H]
+                if MASK == 1:
+                    keep_new = tl.load(mask_ptr + b * sm_b + here)
+                    s_new = tl.where(keep_new != 0, s_new, float("-inf"))
+                elif MASK == 2:
+                    s_new = s_new + tl.load(mask_ptr + b * sm_b + here).to(tl.float32)
+                m_new = tl.maximum(m_i, s_new)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p_new = tl.exp(s_new - m_safe)
+                l_i = l_i * alpha + p_new
+                # as the loop's probabilities: float32 in the interpreter, rounded to the cache's dtype compiled
+                weight = p_new if INTERPRETED else p_new.to(dt).to(tl.float32)
+                acc = acc * alpha[:, None] + weight[:, None] * v_new.to(tl.float32)[None, :]
                 m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -337,15 +437,18 @@ def merge_splits(o: Any, lse: Any, dtype: Any) -> Any:
 
 def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
            groups: tuple[Any, Any] | None = None, tuning: Tuning | None = None,
-           merge: Any = merge_splits) -> Any:
+           merge: Any = merge_splits, prologue: Prologue | None = None) -> Any:
     """One decode step's attention: query [B, H, 1, D], key/value [B, KV, L, D] (a static cache, any strides
     with a unit last one), mask [B, L] (bool keep, additive float, or None), slot a [1] int tensor on the device
     (the slot this step writes: slots after it are not read). ``groups``: (the [B, rows_per_entry] int32 table
     of ``entry_table``, the prompt's length as a [1] int tensor), both on the device: the prompt's slots are
     then read once per entry (the module docstring). ``tuning``: the launch shape (``Tuning``; None: the
     module's ``TUNING`` as it is at the call). ``merge``: how the splits are merged (``merge_splits``; the sweep
-    passes a compiled one; not called where the kernel merges them itself, ``tuning.fuse_merge``). Returns
-    [B, H, 1, D] in the query's dtype."""
+    passes a compiled one; not called where the kernel merges them itself, ``tuning.fuse_merge``). ``prologue``
+    (``Prologue``; not with ``groups``): the query is the projection's raw one, normalized and rotated in the
+    kernel, which also writes this step's key and value (normalized and rotated from the prologue's raw ones)
+    into ``key`` / ``value`` at ``slot``: the cache itself then, not a view of fewer slots. Returns [B, H, 1, D]
+    in the query's dtype."""
     import torch
 
     tuning = TUNING if tuning is None else tuning
@@ -358,6 +461,27 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         key, value = key.contiguous(), value.contiguous()
     kind, m = mask_argument(mask, q)
+    if prologue is not None:
+        if groups is not None:
+            raise ValueError("split attention: a prologue reads every slot in one pass, not with groups")
+        if d % 2:
+            raise ValueError(f"split attention: the rotary prologue needs an even head size, not {d}")
+        kn, vn = prologue.key, prologue.value
+        if kn.stride(-1) != 1 or vn.stride(-1) != 1:
+            kn, vn = kn.contiguous(), vn.contiguous()
+        cos, sin = prologue.cos, prologue.sin
+        if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+            cos, sin = cos.contiguous(), sin.contiguous()
+        norm = prologue.q_weight is not None
+        qw = prologue.q_weight if norm else q
+        kw = prologue.k_weight if norm else q
+        pro = (kn, vn, qw, kw, cos, sin)
+        pro_strides = (kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cos.stride(0), sin.stride(0))
+        pro_consts = {"PRO": 1, "NORM": int(norm), "EPS": float(prologue.eps), "HALF": d // 2}
+    else:  # any pointers: PRO 0 reads none of them
+        pro = (q, q, q, q, q, q)
+        pro_strides = (0, 0, 0, 0, 0, 0)
+        pro_consts = {"PRO": 0, "NORM": 0, "EPS": 0.0, "HALF": 1}
     # (pass, sequences an entry, splits): every filled slot at once, or the prompt's once an entry then the rest
     if groups is None:
         passes = [(0, 1, splits_for(b, kv, length, tuning))]
@@ -385,12 +509,12 @@ def attend(query: Any, key: Any, value: Any, mask: Any, slot: Any, scale: float,
     for kind_of_pass, r, splits in passes:
         block_h = max(MIN_BLOCK_H, pow2_at_least(r * g))
         split[(b * kv, splits)](
-            q, key, value, m, slot, rows, prefix, o, lse, final, tickets,
+            q, key, value, m, slot, rows, prefix, o, lse, final, tickets, *pro,
             q.stride(0), q.stride(1), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length,
+            value.stride(0), value.stride(1), value.stride(2), m.stride(0) if kind else 0, length, *pro_strides,
             SCALE=scale, KV=kv, G=g, SPLITS=splits, D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK=tuning.block_n,
             MASK=kind, ITERS=iters_for(length, splits, tuning), PASS=kind_of_pass, R=r, SPLIT0=first, TOTAL=total,
-            FUSE=int(fuse), S_P2=pow2_at_least(total), INTERPRETED=_INTERPRETED,
+            FUSE=int(fuse), S_P2=pow2_at_least(total), INTERPRETED=_INTERPRETED, **pro_consts,
             num_warps=tuning.num_warps, **stages)
         first += splits
     return final if fuse else merge(o, lse, query.dtype)
