@@ -315,9 +315,11 @@ def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused()
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", gqa_attention=False)
 
 
-@pytest.mark.parametrize("shared_prompt", [False, True], ids=["every-slot", "prompt-once-a-group"])
+@pytest.mark.parametrize(("shared_prompt", "fuse_rotary"), [(False, False), (True, False), (False, True)],
+                         ids=["every-slot", "prompt-once-a-group", "rotary-in-the-kernel"])
 def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch,
-                                                                         shared_prompt: bool) -> None:
+                                                                         shared_prompt: bool,
+                                                                         fuse_rotary: bool) -> None:
     """What torch.compile makes of the decode step with the triton attention (decode_attention="triton"),
     traced on the host as on an sm_90 GPU: dynamo takes each kernel call as a user-defined Triton kernel inside
     one graph (fullgraph: no break around it), and functionalization, which reads the kernels' TTIR to find what
@@ -326,7 +328,10 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     Tracing only: the backend stops before inductor (no GPU to compile or run for). On a CPU dynamo treats a
     Triton kernel as plain Python unless torch reports triton usable, and Triton's TTIR needs a target: both
     are supplied here, as an H200 would. With shared_prompt the attention is two kernel calls a layer, reading
-    the loop's entry table and prompt length in place."""
+    the loop's entry table and prompt length in place. With fuse_rotary the kernel writes the cache (this step's
+    key and value): functionalization then clones the cache for it, and inductor's reinplacing pass, run here as
+    inductor runs it on this graph, must take those clones out again (the cache is a graph input the step
+    mutates anyway), or every layer would copy its whole cache every step."""
     pytest.importorskip("triton")
     peft = pytest.importorskip("peft")
     import torch._dynamo
@@ -356,7 +361,7 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     monkeypatch.setattr(driver, "_active", _Hopper())
     model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton",
-                                   shared_prompt=shared_prompt)
+                                   shared_prompt=shared_prompt, fuse_rotary=fuse_rotary)
     batch, length = 3, 128
     engine._reserve(batch, length)
     engine._shadow.refresh()
@@ -381,10 +386,20 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     assert len(graphs) == 1
     import re
 
-    code = graphs[0].code
-    calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
-    clones = sorted({name.strip(" '") for call in calls for name in call.split(",")})
-    assert len(calls) == 2 * (2 if shared_prompt else 1) and clones == ["lse_ptr", "o_ptr"], calls
+    def cloned(code: str) -> tuple[int, list[str]]:
+        calls = re.findall(r"triton_kernel_wrapper_functional\(.*?tensors_to_clone = \[([^\]]*)\]", code)
+        return len(calls), sorted({name.strip(" '") for call in calls for name in call.split(",") if name.strip()})
+
+    calls, clones = cloned(graphs[0].code)
+    assert calls == 2 * (2 if shared_prompt else 1), graphs[0].code
+    assert clones == (["k_ptr", "lse_ptr", "o_ptr", "v_ptr"] if fuse_rotary else ["lse_ptr", "o_ptr"]), clones
+    from torch._inductor.fx_passes.reinplace import reinplace_inplaceable_ops_core
+
+    reinplace_inplaceable_ops_core(graphs[0].graph)  # what inductor's post-grad passes do with the graph
+    graphs[0].recompile()
+    after = graphs[0].code
+    assert after.count("triton_kernel_wrapper_") >= calls  # every launch still there, cloning no cache
+    assert not {"k_ptr", "v_ptr"} & set(cloned(after)[1]), after
 
 
 def test_a_computed_bool_mask_reaches_the_kernel_through_inductors_lowering() -> None:
@@ -491,3 +506,50 @@ def test_the_top_k_draw_compiles_for_hopper_and_blackwell_without_spilling(capab
         use = _register_use(kernel, ptrs, const, capability, td.NUM_WARPS,
                             {n for n in aligned if n in kernel.arg_names})
         assert use["STACK"] == "0" and int(use["REG"]) <= 255, (kernel.__name__, use)
+
+
+# fuse_rotary: the q/k norms, the rotary and the cache write in the triton attention (fastgen.rotary_attention);
+# decoding with it runs in the interpreter in triton_interpreted.py
+
+def test_fuse_rotary_is_refused_where_the_kernel_does_not_attend_or_the_model_is_not_one_it_knows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton attention may be chosen on this CPU
+    with pytest.raises(fastgen.FastgenError, match="fuse_rotary does the norms.*in the triton") as err:
+        fastgen.FastGenerator(_tiny(), compile=False, decode_attention="matmul", fuse_rotary=True)
+    assert "decode_attention 'auto' on CUDA" in str(err.value)
+    with pytest.raises(fastgen.FastgenError, match="not shared_prompt's two"):
+        fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", shared_prompt=True,
+                              fuse_rotary=True)
+    with pytest.raises(fastgen.FastgenError, match="reference_kernels .*fuse_rotary=True"):
+        fastgen.FastGenerator(_tiny(), reference_kernels=True, fuse_rotary=True)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
+    with pytest.raises(fastgen.FastgenError, match="model type 'gpt2' is not one whose attention fuse_rotary knows"):
+        fastgen.FastGenerator(gpt2, compile=False, decode_attention="triton", fuse_rotary=True)
+    assert fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", fuse_rotary=True).fuse_rotary
+
+
+def test_fuse_rotary_takes_only_attention_modules_it_can_serve() -> None:
+    """rotary_attention's checks, module by module: Qwen3's layers pass; a sliding window, a norm whose weight is
+    not one per head element, a norm the model type does not have, two epsilons, a partial rotary are refused;
+    install changes no module when one is refused."""
+    from rlstack.payload.fastgen import rotary_attention as ra
+
+    model = _tiny()
+    modules = ra.attention_modules(model)
+    assert len(modules) == 2 and all(ra.module_why_not(m, norms=True) is None for m in modules)
+    assert ra.module_why_not(modules[0], norms=False) == \
+        "Qwen3Attention has a q_norm its model type is not known to have"
+    modules[1].sliding_window = 64
+    assert "sliding window" in str(ra.module_why_not(modules[1], norms=True))
+    assert "sliding window" in str(ra.install(model))
+    assert all("forward" not in vars(m) for m in modules)  # nothing installed
+    modules[1].sliding_window = None
+    modules[1].k_norm.variance_epsilon = 1e-5
+    assert "two epsilons" in str(ra.module_why_not(modules[1], norms=True))
+    modules[1].k_norm.variance_epsilon = modules[1].q_norm.variance_epsilon
+    modules[1].q_norm.weight = torch.nn.Parameter(torch.ones(4))
+    assert "not an RMSNorm over the head dimension" in str(ra.module_why_not(modules[1], norms=True))
+    cfg = transformers.Qwen3Config(partial_rotary_factor=0.5)
+    assert "covers 0.5 of each head" in str(ra.family_why_not(cfg))
+    fresh = _tiny()
+    assert ra.install(fresh) == 2 and all("forward" in vars(m) for m in ra.attention_modules(fresh))

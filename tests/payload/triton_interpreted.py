@@ -301,6 +301,68 @@ def test_fastgen_with_the_triton_attention_decodes_what_generate_decodes(options
     assert torch.equal(ref, fastgen.generate(model, ids, mask, 12, do_sample=True, top_k=50, pad_token_id=0))
 
 
+def _tiny_llama(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True,
+                                   max_position_embeddings=512)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _norms_off_ones(model: torch.nn.Module, seed: int) -> None:
+    """q_norm / k_norm weights other than a new model's ones, so a kernel reading one weight for the other, or an
+    element's for its rotary partner's, decodes other tokens."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                param.copy_(1 + 0.5 * torch.randn(param.shape, generator=g))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_fastgen_with_the_rotary_in_the_kernel_decodes_and_caches_what_generate_does(family: str,
+                                                                                     monkeypatch) -> None:
+    """fuse_rotary through a LoRA shadow: every decode step's attention launched with the prologue, greedy and
+    seeded tokens as generate's, and the cache it leaves (keys written by the kernel, the layers' write counters
+    advanced by the engine) the cache transformers' own forward leaves in the engine without it."""
+    base = _tiny(27) if family == "qwen3" else _tiny_llama(27)
+    _norms_off_ones(base, 27)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    ids, mask = _prompts(27)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    real, pro = split_attention.kernel(), []
+
+    class Launches:  # the real kernel, each launch's PRO recorded
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                pro.append(kwargs["PRO"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    fused = fastgen.FastGenerator(model, compile=False, decode_attention="triton", fuse_rotary=True)
+    got = fused.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0))
+    assert torch.equal(ref, got)
+    assert pro and set(pro) == {1}  # every decode step's launch did the norms and the rotary
+    assert "rotary and cache write in the attention kernel" in fused.describe()
+    plain = fastgen.FastGenerator(model, compile=False, decode_attention="triton")
+    assert torch.equal(plain.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0)), got)
+    (c_fused, _), (c_plain, _) = fused._caches[(3, 128)], plain._caches[(3, 128)]
+    # (float32: equal up to the attention's reduction order, which moves the next layer's inputs by ~1e-7)
+    for a, b in zip(c_fused.layers, c_plain.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-6)
+        assert torch.equal(a.cumulative_length, b.cumulative_length)
+    assert torch.equal(c_fused.layers[0].values, c_plain.layers[0].values)  # layer 0's inputs are the same bits
+    torch.manual_seed(8)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=50,
+                         pad_token_id=0)
+    torch.manual_seed(8)
+    assert torch.equal(ref, fused.generate(ids, mask, 12, fastgen.Sampling(do_sample=True, top_k=50,
+                                                                           pad_token_id=0)))
+
+
 @pytest.mark.parametrize("options", [{}, {"attend_bucket": 16}], ids=["whole-cache", "attend16"])
 def test_fastgen_reading_each_prompt_once_decodes_what_generate_decodes(options: dict) -> None:
     """shared_prompt through a LoRA shadow on GRPO's shape (each prompt G times: two prompts x 3, then distinct

@@ -251,6 +251,48 @@ def test_triton_decode_attention_compiles_into_one_graph_and_decodes_as_generate
     _assert_follows_an_adapter_step(model, ids, mask, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_rotary_in_the_attention_kernel_compiles_into_one_graph_and_caches_as_transformers(dtype) -> None:
+    """fuse_rotary compiled and captured: the kernel writes this step's key and value into the cache inside the
+    graph (inductor must not copy the cache for it: the host test pins the reinplacing), no fallback, one graph;
+    float32: greedy tokens as generate's and a LoRA update reaching the graph; bf16 (the rollouts' dtype, eager's
+    roundings kept in the kernel): the cache after a generation as the engine without it leaves it, to bf16's
+    rounding, and greedy tokens mostly its."""
+    model = _model()
+    model.eval()
+    with torch.no_grad():  # norms that are not ones: a weight read for its rotary partner's shows
+        for name, param in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                param.copy_(1 + 0.5 * torch.randn_like(param))
+    ids, mask = _inputs()
+    if dtype == torch.float32:
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                             pad_token_id=0)
+        got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0, compile=True,
+                               fuse_rotary=True)
+        eng = fastgen.get_engine(model)
+        assert eng.compile_error is None and eng.graph_error is None and eng.fuse_rotary
+        assert len(eng._graphs) == 1 and all(entry is not None for entry in eng._graphs.values())
+        assert (ref == got).float().mean().item() > 0.98
+        _assert_follows_an_adapter_step(model, ids, mask, got)
+        return
+    model = model.to(dtype)
+    sampling = fastgen.Sampling(do_sample=False, pad_token_id=0)
+    fused = fastgen.FastGenerator(model, fuse_rotary=True)
+    got = fused.generate(ids, mask, 40, sampling)
+    assert fused.compile_error is None and fused.graph_error is None
+    plain = fastgen.FastGenerator(model)
+    want = plain.generate(ids, mask, 40, sampling)
+    assert (want == got).float().mean().item() > 0.9
+    same = [r for r in range(len(ids)) if torch.equal(want[r], got[r])]  # rows whose keys come from equal tokens
+    assert len(same) >= 2, (want, got)
+    key = next(iter(fused._caches))
+    for a, b in zip(fused._caches[key][0].layers, plain._caches[key][0].layers, strict=True):
+        assert torch.equal(a.cumulative_length, b.cumulative_length)
+        assert torch.equal(a.keys[:, :, :20], b.keys[:, :, :20])  # the prompt's: the same prefill
+        torch.testing.assert_close(a.keys[same].float(), b.keys[same].float(), rtol=0.02, atol=0.05)
+
+
 def test_reading_each_prompt_once_compiles_into_one_graph_and_decodes_as_generate() -> None:
     """shared_prompt with the triton attention, compiled and captured, on GRPO's shape (each prompt 4 times):
     one graph, no fallback, greedy tokens as generate's, and a LoRA update reaches the replayed graph."""
