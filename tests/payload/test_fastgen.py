@@ -1079,3 +1079,23 @@ def test_attention_tuning_is_refused_without_the_triton_attention_or_in_another_
     pytest.importorskip("triton")
     with pytest.raises(fastgen.FastgenError, match="block_n:num_warps:programs:num_stages"):
         fastgen.FastGenerator(model, decode_attention="triton", attention_tuning="64,4,2048,2")
+
+
+def test_release_frees_the_engine_at_once_not_when_the_cyclic_collector_runs() -> None:
+    """The engine is in reference cycles (its step and draw closures refer back to it): release() collects them,
+    so the shadow and caches are freed when it returns (a second engine made after it on a GPU peaked with the
+    first's 15 GiB still allocated before, 2026-12-05)."""
+    import gc
+    import weakref
+
+    model = _tiny(0)
+    ids, mask = _prompts(0)
+    fastgen.generate(model, ids, mask, 4, do_sample=True, top_k=5, pad_token_id=0)
+    engine = weakref.ref(fastgen.get_engine(model))
+    shadow = weakref.ref(fastgen.get_engine(model)._shadow)
+    gc.disable()  # only release's own collection may free them
+    try:
+        fastgen.release(model)
+        assert engine() is None and shadow() is None
+    finally:
+        gc.enable()

@@ -129,6 +129,7 @@ class Prologue:
     cos: Any
     sin: Any
 
+
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
 _INTERPRETED = False  # whether kernel() built it for Triton's interpreter (float32 dots, a fixed trip count)
 # the kernel's Triton helper: a module global, set by kernel(), because Triton resolves a name a kernel calls in
