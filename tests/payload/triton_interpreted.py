@@ -222,6 +222,22 @@ def test_the_kernel_merging_its_own_splits_attends_as_the_separate_merge_and_lea
         assert not bool(split_attention.counters(q.device).any())
 
 
+def _record_launches(monkeypatch: pytest.MonkeyPatch, *constexprs: str) -> list:
+    """The real split kernel in the module's place, each launch's ``constexprs`` (a tuple) recorded in the
+    returned list."""
+    real, seen = split_attention.kernel(), []
+
+    class Launches:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(tuple(kwargs[name] for name in constexprs))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    return seen
+
+
 def test_fastgen_with_the_kernel_merging_its_own_splits_decodes_what_generate_decodes(monkeypatch) -> None:
     """The engine's attention launched with fuse_merge (as if it were TUNING): its ticket counters allocated
     when the engine is made, greedy tokens as generate's over a LoRA shadow, the counters at zero after."""
@@ -233,19 +249,10 @@ def test_fastgen_with_the_kernel_merging_its_own_splits_decodes_what_generate_de
     split_attention._COUNTERS.clear()
     engine = fastgen.FastGenerator(model, compile=False, decode_attention="triton")
     assert str(ids.device) in split_attention._COUNTERS  # made with the engine, not inside its step
-    real, fused = split_attention.kernel(), []
-
-    class Launches:  # the real kernel, each launch's FUSE recorded
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                fused.append(kwargs["FUSE"])
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    fused = _record_launches(monkeypatch, "FUSE")
     got = engine.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0))
     assert torch.equal(ref, got)
-    assert fused and set(fused) == {1}  # every decode step's launches merged in the kernel
+    assert fused and set(fused) == {(1,)}  # every decode step's launches merged in the kernel
     assert not bool(split_attention.counters(ids.device).any())
 
 
@@ -258,16 +265,7 @@ def test_an_engine_launches_the_attention_with_its_own_tuning(monkeypatch) -> No
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
     engine = fastgen.FastGenerator(model, compile=False, decode_attention="triton",
                                    attention_tuning="16:8:64:default:fused")
-    real, seen = split_attention.kernel(), []
-
-    class Launches:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((kwargs["BLOCK"], kwargs["FUSE"]))
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    seen = _record_launches(monkeypatch, "BLOCK", "FUSE")
     got = engine.generate(ids, mask, 10, fastgen.Sampling(do_sample=False, pad_token_id=0))
     assert torch.equal(ref, got)
     assert seen and set(seen) == {(16, 1)}
@@ -331,20 +329,11 @@ def test_fastgen_with_the_rotary_in_the_kernel_decodes_and_caches_what_generate_
     model.eval()
     ids, mask = _prompts(27)
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    real, pro = split_attention.kernel(), []
-
-    class Launches:  # the real kernel, each launch's PRO recorded
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                pro.append(kwargs["PRO"])
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(split_attention, "_KERNEL", Launches())
+    pro = _record_launches(monkeypatch, "PRO")
     fused = fastgen.FastGenerator(model, compile=False, decode_attention="triton", fuse_rotary=True)
     got = fused.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0))
     assert torch.equal(ref, got)
-    assert pro and set(pro) == {1}  # every decode step's launch did the norms and the rotary
+    assert pro and set(pro) == {(1,)}  # every decode step's launch did the norms and the rotary
     assert "rotary and cache write in the attention kernel" in fused.describe()
     plain = fastgen.FastGenerator(model, compile=False, decode_attention="triton")
     assert torch.equal(plain.generate(ids, mask, 12, fastgen.Sampling(do_sample=False, pad_token_id=0)), got)
