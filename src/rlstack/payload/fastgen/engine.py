@@ -1082,13 +1082,12 @@ class FastGenerator:
         if draw not in DRAWS:
             raise FastgenError(f"fastgen: unknown draw {draw!r}", f"use one of {', '.join(DRAWS)}")
         self._draw_asked = draw == "triton"  # asked for by name: a sampling it leaves to torch is a warning
+        draw_triton_why = triton_support.available(self.device.type, "draw='triton'")
         if draw == "auto":
-            draw = auto_draw(self.device.type, compile_pick, reference_kernels,
-                             triton_support.available(self.device.type, "draw='triton'"))
+            draw = auto_draw(self.device.type, compile_pick, reference_kernels, draw_triton_why)
         if draw == "triton":
-            why = triton_support.available(self.device.type, "draw='triton'")
-            if why is not None:
-                raise FastgenError(f"fastgen: {why}", "use draw='torch' (the default) here")
+            if draw_triton_why is not None:
+                raise FastgenError(f"fastgen: {draw_triton_why}", "use draw='torch' (or 'auto', the default) here")
             if compile_pick:
                 raise FastgenError("fastgen: compile_pick and draw='triton' both replace the pick's kernels",
                                    "choose one of them")
