@@ -179,6 +179,52 @@ def test_the_kernel_with_the_rotary_prologue_compiles_without_spilling_and_stays
         assert "rsqrt" in ir["ptx"], batch
 
 
+def _as_inductor_redeclares(kernel, tmp_path: Path, name: str):
+    """``kernel`` as inductor's compile worker gets it when a compiled graph launches it: the source of the kernel
+    and of every Triton helper it calls, spliced by inductor's own closure function
+    (`user_defined_triton_kernel_transitive_closure_source_code`) into a module of their own, imported here."""
+    import importlib.util
+
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+
+    src = user_defined_triton_kernel_transitive_closure_source_code(kernel)
+    path = tmp_path / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n@triton.jit\n" + src)  # Triton reads the file
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_kernel_inductor_launches_finds_its_helpers_where_inductor_declares_them(tmp_path: Path) -> None:
+    """Inside a compiled graph inductor compiles each Triton kernel in a worker from source: the kernel's and its
+    helpers', each helper declared under the name its `def` gives it. A helper bound to a module global of another
+    name (split_attention's rounding helper as `rounded`, called as `_rounded`) passed every interpreter and
+    ahead-of-time test here and failed on the H100 (NameError in the worker; fastgen fell back to eager). Each
+    kernel re-declared as inductor does finds every helper it calls; the prologue kernel compiles from there for
+    sm_90."""
+    from triton import JITFunction
+
+    from rlstack.payload.fastgen import split_attention as sa
+    from rlstack.payload.fastgen import topk_draw as td
+
+    kernels = {"split_kernel": sa.kernel(), **dict(zip(("chunk_top", "row_draw", "noise_of"), td.kernels(),
+                                                       strict=True))}
+    for name, kernel in kernels.items():
+        module = _as_inductor_redeclares(kernel, tmp_path, f"redeclared_{name}")
+        called = [n for n in kernel.fn.__code__.co_names if isinstance(kernel.fn.__globals__.get(n), JITFunction)]
+        for helper in called:
+            assert isinstance(getattr(module, helper, None), JITFunction), (name, helper)
+    assert "_rounded" in sa.kernel().fn.__code__.co_names  # the helper the GPU missed is among those checked
+    module = _as_inductor_redeclares(sa.kernel(), tmp_path, "redeclared_prologue")
+    splits = sa.splits_for(8, 8, 768)
+    const = _attention_const(SPLITS=splits, ITERS=sa.iters_for(768, splits), TOTAL=splits, PRO=1, NORM=1, EPS=1e-6,
+                             HALF=64)
+    use = _register_use(module.split_kernel, _ATTENTION_TYPES, const, 90, sa.NUM_WARPS, _ATTENTION_ALIGNED)
+    assert use["STACK"] == "0", use
+
+
 def test_the_attention_kernel_compiles_with_the_arguments_attend_passes_typed_as_inductor_types_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside the compiled decode step inductor compiles the kernel itself, typing each runtime argument from the
@@ -553,3 +599,51 @@ def test_fuse_rotary_takes_only_attention_modules_it_can_serve() -> None:
     assert "covers 0.5 of each head" in str(ra.family_why_not(cfg))
     fresh = _tiny()
     assert ra.install(fresh) == 2 and all("forward" in vars(m) for m in ra.attention_modules(fresh))
+
+
+def test_auto_fuses_the_rotary_on_cuda_where_the_triton_attention_decodes_a_model_it_knows() -> None:
+    from rlstack.payload.fastgen.engine import auto_rotary
+
+    assert auto_rotary("cuda", "triton", False, None) is None
+    assert auto_rotary("cpu", "triton", False, None) == "off CUDA"
+    assert "'matmul', not the triton kernel" in str(auto_rotary("cuda", "matmul", False, None))
+    assert "shared_prompt" in str(auto_rotary("cuda", "triton", True, None))
+    why = "model type 'gpt2' is not one whose attention fuse_rotary knows"
+    assert auto_rotary("cuda", "triton", False, why) == why
+
+
+def test_auto_rotary_steps_aside_saying_why_where_asking_for_it_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """The default ("auto") never refuses: off CUDA, for a model type it does not know, and (as on CUDA, where it
+    chose the fusion from the config) for an attention module it cannot serve, found when the engine is built,
+    inductor's kernels do the work and the engine says why (``rotary_why``, an info line); asked for by name, the
+    same module is an error that names it."""
+    import logging
+
+    from rlstack.payload.fastgen import engine as engine_module
+    from rlstack.payload.fastgen import rotary_attention as ra
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton attention may be chosen on this CPU
+    eng = fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton")
+    assert not eng.fuse_rotary and eng.rotary_why == "off CUDA"
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
+    assert not fastgen.FastGenerator(gpt2, compile=False).fuse_rotary
+
+    def windowed() -> torch.nn.Module:  # its second layer attends through a window (the shadow's copy too)
+        cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300,
+                                       layer_types=["full_attention", "sliding_attention"], sliding_window=64,
+                                       use_sliding_window=True)
+        return transformers.Qwen3ForCausalLM(cfg).eval()
+
+    monkeypatch.setattr(engine_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
+    eng = fastgen.FastGenerator(windowed(), compile=False, decode_attention="triton")
+    assert eng.fuse_rotary and eng.rotary_why is None
+    with caplog.at_level(logging.INFO, logger="rlstack.payload.fastgen.engine"):
+        eng._build()
+    assert not eng.fuse_rotary and "sliding window" in str(eng.rotary_why)
+    assert "stay in inductor's kernels" in caplog.text and "sliding window" in caplog.text
+    assert all("forward" not in vars(m) for m in ra.attention_modules(eng.decoder))
+    asked = fastgen.FastGenerator(windowed(), compile=False, decode_attention="triton", fuse_rotary=True)
+    with pytest.raises(fastgen.FastgenError, match="fuse_rotary: .*sliding window"):
+        asked._build()

@@ -132,8 +132,10 @@ class Prologue:
 
 _KERNEL: Any = None  # built once per process by kernel(): compiled, or interpreted (TRITON_INTERPRET=1)
 _INTERPRETED = False  # whether kernel() built it for Triton's interpreter (float32 dots, a fixed trip count)
-# the kernel's Triton helper: a module global, set by kernel(), because Triton resolves a name a kernel calls in
-# the kernel's module globals, not in the function that decorated it
+# the kernel's Triton helper: a module global, bound by kernel()'s `def` under this very name, because Triton
+# resolves a name a kernel calls in the kernel's module globals, and inductor (a kernel inside a compiled graph)
+# re-declares each helper from its source: a helper defined as `rounded` and bound to `_rounded` reached inductor's
+# compile worker as `rounded`, and the kernel's call to `_rounded` failed there (NameError, on the H100)
 _rounded: Any = None
 
 
@@ -149,7 +151,7 @@ def kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def rounded(x, dt: tl.constexpr, INTERPRETED: tl.constexpr):
+    def _rounded(x, dt: tl.constexpr, INTERPRETED: tl.constexpr):  # binds the global (declared above)
         # float32 x rounded to dt and widened back: an intermediate as eager rounds it. Triton 3.6's interpreter
         # truncates where it narrows float32 to bf16 (the GPU rounds to nearest even), so there bf16's rounding
         # is done on the bits: the interpreter tests then check the roundings the GPU does
@@ -160,7 +162,6 @@ def kernel() -> Any:
         else:
             return x.to(dt).to(tl.float32)
 
-    _rounded = rounded
 
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr, f_ptr, cnt_ptr,

@@ -84,8 +84,10 @@ def applies(do_sample: bool, top_k: int | None, top_p: float, min_p: float | Non
 
 
 _KERNELS: Any = None
-# the kernels' Triton helpers: module globals, set by kernels(), because Triton resolves a name a kernel calls in
-# the kernel's module globals, not in the function that decorated it
+# the kernels' Triton helpers: module globals, bound by kernels()' `def`s under these very names, because Triton
+# resolves a name a kernel calls in the kernel's module globals, and inductor (a kernel inside a compiled graph)
+# re-declares each helper from its source, under the name its `def` gives it (split_attention's helper, bound
+# under another name, failed in inductor's compile worker on the GPU)
 _key: Any = None
 _value: Any = None
 _scores: Any = None
@@ -100,7 +102,7 @@ def kernels() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def key_of(x):
+    def _key(x):  # binds the global (declared above)
         # float32 -> uint32 in the same order (negatives' bits flipped, positives' sign bit set); a NaN becomes
         # the largest key, so a row holding one shows as invalid (its largest value is not finite)
         x = tl.where(x == 0.0, 0.0, x)  # -0.0 as +0.0: equal as floats, so equal as keys
@@ -110,18 +112,17 @@ def kernels() -> Any:
         return tl.where(x != x, 0xFFFFFFFF, key)
 
     @triton.jit
-    def value_of(key):
-        bits = tl.where((key >> 31) != 0, key & 0x7FFFFFFF, key ^ 0xFFFFFFFF)  # key_of, undone
+    def _value(key):
+        bits = tl.where((key >> 31) != 0, key & 0x7FFFFFFF, key ^ 0xFFFFFFFF)  # _key, undone
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def scores_of(value, token, seed, step, row, batch, vocab):
+    def _scores(value, token, seed, step, row, batch, vocab):
         # Gumbel-max: value - log(E), E = -log(U) ~ Exp(1); U from Philox at (seed; (step, row, token)). U = 0
         # (one in 2**31) gives E = inf and a score of -inf: never drawn, as aten's exponential_ at inf
         u = tl.rand(seed, (step * batch + row) * vocab + token.to(tl.int64))
         return value - tl.log(-tl.log(u))
 
-    _key, _value, _scores = key_of, value_of, scores_of
 
     @triton.jit
     def chunk_top(logits_ptr, cand_ptr, stride_b, vocab, INV_T: tl.constexpr, CHUNKS: tl.constexpr,
