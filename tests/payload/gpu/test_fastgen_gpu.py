@@ -257,7 +257,7 @@ def test_the_rotary_in_the_attention_kernel_compiles_into_one_graph_and_caches_a
     graph (inductor must not copy the cache for it: the host test pins the reinplacing), no fallback, one graph;
     float32: greedy tokens as generate's and a LoRA update reaching the graph; bf16 (the rollouts' dtype, eager's
     roundings kept in the kernel): the cache after a generation as the engine without it leaves it, to bf16's
-    rounding, and greedy tokens mostly its."""
+    rounding, each step's logits as its while the tokens agree, and tokens parting only at a near-tie."""
     model = _model()
     model.eval()
     with torch.no_grad():  # norms that are not ones: a weight read for its rotary partner's shows
@@ -278,12 +278,28 @@ def test_the_rotary_in_the_attention_kernel_compiles_into_one_graph_and_caches_a
         return
     model = model.to(dtype)
     sampling = fastgen.Sampling(do_sample=False, pad_token_id=0)
+    logits: dict[str, list] = {"fused": [], "plain": []}
     fused = fastgen.FastGenerator(model, fuse_rotary=True)
-    got = fused.generate(ids, mask, 40, sampling)
-    assert fused.compile_error is None and fused.graph_error is None
-    plain = fastgen.FastGenerator(model)
-    want = plain.generate(ids, mask, 40, sampling)
-    assert (want == got).float().mean().item() > 0.9
+    got = fused.generate(ids, mask, 40, sampling, on_logits=lambda _, x: logits["fused"].append(x.clone()))
+    assert fused.compile_error is None and fused.graph_error is None and fused.fuse_rotary
+    plain = fastgen.FastGenerator(model, fuse_rotary=False)
+    want = plain.generate(ids, mask, 40, sampling, on_logits=lambda _, x: logits["plain"].append(x.clone()))
+    assert not plain.fuse_rotary
+    # random weights in bf16 leave near-ties that one rounding flips (on the H100, 2026-12-05: one row of four
+    # parted at its second token, the others equal throughout): so each row's logits must agree with the
+    # unfused engine's to bf16's rounding for as long as the two decode the same tokens, and where a row's
+    # tokens part the unfused engine's two best logits must have been that close
+    new_fused, new_plain = got[:, ids.shape[1]:], want[:, ids.shape[1]:]
+    for r in range(len(ids)):
+        parted = (new_fused[r] != new_plain[r]).nonzero()
+        end = int(parted[0]) if len(parted) else new_plain.shape[1]
+        for step in range(end + (end < new_plain.shape[1])):  # the steps fed equal tokens, the parting one too
+            a, b = logits["fused"][step][r], logits["plain"][step][r]
+            tol = 0.05 * float(b.abs().max()) + 0.05
+            assert float((a - b).abs().max()) <= tol, (r, step, float((a - b).abs().max()), tol)
+        if end < new_plain.shape[1]:
+            top2 = logits["plain"][end][r].topk(2).values
+            assert float(top2[0] - top2[1]) <= 0.05 * float(top2[0].abs()) + 0.05, (r, end, top2)
     same = [r for r in range(len(ids)) if torch.equal(want[r], got[r])]  # rows whose keys come from equal tokens
     assert len(same) >= 2, (want, got)
     key = next(iter(fused._caches))
