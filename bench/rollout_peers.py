@@ -497,13 +497,12 @@ def cmd_one(a: argparse.Namespace) -> int:
 
                     from rlstack.payload import fastgen
 
+                    torch._dynamo.reset()  # the compiled code, which refers to the engine's step
+                    # uninstall releases the engine (collecting its reference cycles); it used to drop it
+                    # uncollected, leaving release() nothing to free: a second variant peaked at 25.2 GiB at 8
+                    # sequences against the first's 10.6 (H100, run ids 20261205T114508-01aa62, -132029-c23955)
                     fastgen.uninstall(loaded.model)
-                    # dynamo's compiled code first: it refers to the engine's step and the shadow's weights,
-                    # so release() (which collects the engine's cycles) freed nothing while it lived; released
-                    # before the reset, a second variant peaked at 25.2 GiB at 8 sequences against the first's
-                    # 10.6 (H100, run ids 20261205T114508-01aa62 and 20261205T132029-c23955)
-                    torch._dynamo.reset()
-                    fastgen.release(loaded.model)
+                    fastgen.release(loaded.model)  # where the variant ran without the hook
                 loaded = run_hf(res, a, batches, ceilings, loaded)
         except Exception as exc:  # could not even load (or this variant failed): one row per batch says why
             traceback.print_exc()

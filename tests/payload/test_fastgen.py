@@ -1099,3 +1099,13 @@ def test_release_frees_the_engine_at_once_not_when_the_cyclic_collector_runs() -
         assert engine() is None and shadow() is None
     finally:
         gc.enable()
+    # the hook's uninstall releases too (it dropped the engine uncollected, so a release() after it found none)
+    fastgen.install(model, compile=False)
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=True, top_k=5, pad_token_id=0)
+    engine = weakref.ref(fastgen.get_engine(model))
+    gc.disable()
+    try:
+        fastgen.uninstall(model)
+        assert not fastgen.installed(model) and engine() is None
+    finally:
+        gc.enable()

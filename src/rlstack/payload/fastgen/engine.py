@@ -1796,12 +1796,11 @@ def release(model: Any) -> None:
     allocator, for the slower path that runs next (transformers' generate) to use. Best effort: never raises.
 
     Why a collection first: the engine sits in reference cycles (its compiled step and its draw's closures refer
-    back to it), so dropping it freed nothing until Python's cyclic collector happened to run. What else still
-    refers to the engine keeps it: torch.compile's cached code does (its step, the shadow's weights) until
-    ``torch._dynamo.reset()``, which this does not call (it would drop every other compiled function of the
-    process): a caller done with compiled code resets first, then releases. Measured, bench/rollout_peers.py's
-    second variant in one process (H100, 2026-12-05) peaked at 25.2 GiB at 8 sequences where the first had 10.6,
-    with release() before the reset, with and without this collection."""
+    back to it), so dropping it freed nothing until Python's cyclic collector happened to run (hook.uninstall
+    releases through here for that reason). Measured, bench/rollout_peers.py's second variant in one process
+    (H100, 2026-12-05) peaked at 25.2 GiB at 8 sequences where the first had 10.6: the first's shadow and caches
+    still allocated (that bench uninstalled the hook first, which dropped the engine uncollected, so its release()
+    found nothing to collect)."""
     if vars(model).pop(ENGINE_ATTR, None) is not None:
         import gc
 

@@ -162,7 +162,6 @@ def kernel() -> Any:
         else:
             return x.to(dt).to(tl.float32)
 
-
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, rows_ptr, prefix_ptr, o_ptr, lse_ptr, f_ptr, cnt_ptr,
                      kn_ptr, vn_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,

@@ -123,7 +123,6 @@ def kernels() -> Any:
         u = tl.rand(seed, (step * batch + row) * vocab + token.to(tl.int64))
         return value - tl.log(-tl.log(u))
 
-
     @triton.jit
     def chunk_top(logits_ptr, cand_ptr, stride_b, vocab, INV_T: tl.constexpr, CHUNKS: tl.constexpr,
                   WIDTH: tl.constexpr, KP: tl.constexpr):
