@@ -361,11 +361,13 @@ def test_unknown_kinds_and_a_triton_attention_without_fastgens_own_are_refused()
         fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", gqa_attention=False)
 
 
-@pytest.mark.parametrize(("shared_prompt", "fuse_rotary"), [(False, False), (True, False), (False, True)],
-                         ids=["every-slot", "prompt-once-a-group", "rotary-in-the-kernel"])
+@pytest.mark.parametrize(("shared_prompt", "fuse_rotary", "key_only_init"),
+                         [(False, False, False), (True, False, False), (False, True, False), (False, True, True)],
+                         ids=["every-slot", "prompt-once-a-group", "rotary-in-the-kernel",
+                              "rotary-in-the-kernel-4.57-cache-layers"])
 def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monkeypatch: pytest.MonkeyPatch,
-                                                                         shared_prompt: bool,
-                                                                         fuse_rotary: bool) -> None:
+                                                                         shared_prompt: bool, fuse_rotary: bool,
+                                                                         key_only_init: bool) -> None:
     """What torch.compile makes of the decode step with the triton attention (decode_attention="triton"),
     traced on the host as on an sm_90 GPU: dynamo takes each kernel call as a user-defined Triton kernel inside
     one graph (fullgraph: no break around it), and functionalization, which reads the kernels' TTIR to find what
@@ -377,7 +379,9 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     the loop's entry table and prompt length in place. With fuse_rotary the kernel writes the cache (this step's
     key and value): functionalization then clones the cache for it, and inductor's reinplacing pass, run here as
     inductor runs it on this graph, must take those clones out again (the cache is a graph input the step
-    mutates anyway), or every layer would copy its whole cache every step."""
+    mutates anyway), or every layer would copy its whole cache every step. Its cache layers are allocated inside
+    the step (their first update): ``key_only_init`` gives them transformers 4.57's ``lazy_initialization(key)``
+    (5.x's takes the value too; calling 4.57's with both failed this trace under 4.57.6)."""
     pytest.importorskip("triton")
     peft = pytest.importorskip("peft")
     import torch._dynamo
@@ -405,6 +409,18 @@ def test_the_triton_decode_step_traces_into_one_graph_that_clones_no_cache(monke
     monkeypatch.setattr(torch_triton, "has_triton", lambda: True)
     monkeypatch.setattr(triton_support, "available", lambda *args: None)
     monkeypatch.setattr(driver, "_active", _Hopper())
+    if key_only_init:
+        import inspect
+
+        from transformers.cache_utils import StaticLayer
+
+        init = StaticLayer.lazy_initialization
+        with_value = "value_states" in inspect.signature(init).parameters
+
+        def key_only(self, key_states):  # 4.57's signature (the values take the keys' shape)
+            return init(self, key_states, key_states) if with_value else init(self, key_states)
+
+        monkeypatch.setattr(StaticLayer, "lazy_initialization", key_only)
     model = peft.get_peft_model(_tiny(3), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     engine = fastgen.FastGenerator(model.eval(), compile=True, decode_attention="triton",
                                    shared_prompt=shared_prompt, fuse_rotary=fuse_rotary)

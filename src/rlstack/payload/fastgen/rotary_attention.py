@@ -28,6 +28,9 @@ from typing import Any
 # model_type -> whether its attention normalizes the query and key heads (q_norm / k_norm) before the rotary
 FAMILIES = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# whether a cache layer's lazy_initialization takes the value states too (transformers 5) or the key states only
+# (4.57): read by install() from the installed transformers, so the traced decode step finds a constant
+_INIT_WITH_VALUE = True
 
 
 def family_why_not(config: Any) -> str | None:
@@ -92,6 +95,12 @@ def install(model: Any) -> int | str:
         why = module_why_not(module, norms)
         if why is not None:
             return why
+    global _INIT_WITH_VALUE
+    import inspect
+
+    from transformers.cache_utils import StaticLayer
+
+    _INIT_WITH_VALUE = "value_states" in inspect.signature(StaticLayer.lazy_initialization).parameters
     for module in modules:
         module.forward = types.MethodType(decode_forward, module)
     return len(modules)
@@ -115,8 +124,8 @@ def decode_forward(self: Any, hidden_states: Any, position_embeddings: Any, atte
     value = self.v_proj(hidden_states).view(b, -1, d)
     cos, sin = position_embeddings  # [B, 1, D]
     layer = past_key_values.layers[self.layer_idx]
-    if getattr(layer, "is_initialized", True) is False:  # transformers 5 allocates a layer at its first update
-        layer.lazy_initialization(key[:, :, None], value[:, :, None])
+    if getattr(layer, "is_initialized", True) is False:  # a layer is allocated at its first update
+        layer.lazy_initialization(*((key[:, :, None], value[:, :, None]) if _INIT_WITH_VALUE else (key[:, :, None],)))
     q_norm, k_norm = getattr(self, "q_norm", None), getattr(self, "k_norm", None)
     prologue = split_attention.Prologue(
         key, value, None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
