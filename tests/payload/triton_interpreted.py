@@ -342,7 +342,8 @@ def test_fastgen_with_the_rotary_in_the_kernel_decodes_and_caches_what_generate_
     for a, b in zip(c_fused.layers, c_plain.layers, strict=True):
         torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-6)
-        assert torch.equal(a.cumulative_length, b.cumulative_length)
+        if hasattr(b, "cumulative_length"):  # the layers' write counters: transformers 5 (4.57 has none)
+            assert torch.equal(a.cumulative_length, b.cumulative_length)
     assert torch.equal(c_fused.layers[0].values, c_plain.layers[0].values)  # layer 0's inputs are the same bits
     torch.manual_seed(8)
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=50,

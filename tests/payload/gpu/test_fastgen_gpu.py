@@ -304,7 +304,8 @@ def test_the_rotary_in_the_attention_kernel_compiles_into_one_graph_and_caches_a
     assert len(same) >= 2, (want, got)
     key = next(iter(fused._caches))
     for a, b in zip(fused._caches[key][0].layers, plain._caches[key][0].layers, strict=True):
-        assert torch.equal(a.cumulative_length, b.cumulative_length)
+        if hasattr(b, "cumulative_length"):  # the layers' write counters: transformers 5 (4.57 has none)
+            assert torch.equal(a.cumulative_length, b.cumulative_length)
         assert torch.equal(a.keys[:, :, :20], b.keys[:, :, :20])  # the prompt's: the same prefill
         torch.testing.assert_close(a.keys[same].float(), b.keys[same].float(), rtol=0.02, atol=0.05)
 
