@@ -663,3 +663,48 @@ def test_auto_rotary_steps_aside_saying_why_where_asking_for_it_is_refused(monke
     asked = fastgen.FastGenerator(windowed(), compile=False, decode_attention="triton", fuse_rotary=True)
     with pytest.raises(fastgen.FastgenError, match="fuse_rotary: .*sliding window"):
         asked._build()
+
+
+def test_auto_rotary_whose_first_compile_fails_compiles_the_step_without_it_not_eager(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where the compiled step with the rotary in the kernel fails to compile (on the H100 a kernel helper
+    inductor could not see did), "auto" puts transformers' forward back on the attention modules and compiles
+    the step without it before anything goes eager (several times slower), saying why; asked for by name, the
+    failure goes eager as any compile failure does. The compiled step is stood in for: a CPU cannot compile the
+    triton kernel."""
+    import logging
+    from types import SimpleNamespace
+
+    from rlstack.payload.fastgen import engine as engine_module
+    from rlstack.payload.fastgen import rotary_attention as ra
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(engine_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
+    cache = SimpleNamespace(layers=[])
+
+    def made(asked: bool | None) -> tuple[fastgen.FastGenerator, list[bool]]:
+        eng = fastgen.FastGenerator(_tiny(), compile=False, decode_attention="triton", fuse_rotary=asked)
+        eng._build()
+        assert eng.fuse_rotary and all("forward" in vars(m) for m in ra.attention_modules(eng.decoder))
+        calls: list[bool] = []
+
+        def step(*_: object) -> str:  # fails to compile while the rotary's forward is installed
+            calls.append(eng.fuse_rotary)
+            if any("forward" in vars(m) for m in ra.attention_modules(eng.decoder)):
+                raise RuntimeError("InductorError: NameError: '_rounded' is not defined")
+            return "compiled"
+
+        eng.compile, eng._step = True, step
+        monkeypatch.setattr(eng, "_decode", lambda *_: "eager")
+        return eng, calls
+
+    eng, calls = made(None)
+    with caplog.at_level(logging.WARNING, logger="rlstack.payload.fastgen.engine"):
+        assert eng._decode_step(None, None, None, cache) == "compiled"
+    assert calls == [True, False] and eng.compile_error is None and eng._compiled_ok
+    assert not eng.fuse_rotary and "_rounded" in str(eng.rotary_why) and "stay in inductor's kernels" in caplog.text
+    assert not any("forward" in vars(m) for m in ra.attention_modules(eng.decoder))
+    assert "rotary" not in eng.describe()
+    asked, _ = made(True)
+    assert asked._decode_step(None, None, None, cache) == "eager"
+    assert asked.fuse_rotary and "_rounded" in str(asked.compile_error)

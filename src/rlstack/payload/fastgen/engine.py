@@ -960,7 +960,8 @@ class FastGenerator:
       kernels a layer around it (0.20 ms a step at 8 sequences, 0.32 at 64 on the H200, 2026-12-05), through
       fastgen's own attention forward for the decode step (``fastgen.rotary_attention``: Llama, Mistral, Qwen2,
       Qwen3). Asked for by name, a model or module it cannot serve is refused when the engine is made or built;
-      chosen by the default, it steps aside saying why (``rotary_why``, an info line). Eager's roundings are kept
+      chosen by the default, it steps aside saying why (``rotary_why``, an info line), and where the first compile
+      of the step with it fails, the step is compiled without it before anything goes eager. Eager's roundings are kept
       (the query's dtype after the norm, the weight, each rotary product and their sum), so the cache holds the
       key transformers' update would write.
     * ``emulate_precision_casts=True`` (compiled engines; default off until measured on a GPU): inductor's
@@ -1096,15 +1097,17 @@ class FastGenerator:
         from rlstack.payload.fastgen import rotary_attention
 
         family_why = rotary_attention.family_why_not(_text_config(model.config))
-        # why "auto" (None) left the rotary to inductor, or (set in _build) why a module turned it off; None: fused
+        # why "auto" (None) left the rotary to inductor, or turned it off later (a module _build found it cannot
+        # serve, a first compile that failed with it: _rotary_off); None: fused
         self.rotary_why: str | None = None
         self._rotary_asked = bool(fuse_rotary)  # asked for by name: a module it cannot serve is an error
+        self.decoder: Any = None  # built on the first generate(), after the memory check (see _build)
         if fuse_rotary is None:
-            self.rotary_why = auto_rotary(self.device.type, decode_attention, shared_prompt, family_why)
-            fuse_rotary = self.rotary_why is None
-            if self.rotary_why is not None and self.device.type == "cuda":
-                logging.getLogger(__name__).info("fastgen: the q/k norms, rotary and cache write stay in inductor's "
-                                                 "kernels: %s", self.rotary_why)
+            why_not = auto_rotary(self.device.type, decode_attention, shared_prompt, family_why)
+            fuse_rotary = why_not is None
+            if why_not is not None and self.device.type == "cuda":
+                self._rotary_off(why_not)
+            self.rotary_why = why_not  # (off CUDA, nothing to say)
         elif fuse_rotary:
             if decode_attention != "triton":
                 raise FastgenError("fastgen: fuse_rotary does the norms, the rotary and the cache write in the triton "
@@ -1144,7 +1147,6 @@ class FastGenerator:
         self.memory_check = (self.device.type == "cuda") if memory_check is None else memory_check
         self.dtype = _generation_dtype(model)
         self._shadow: _Shadow | None = None
-        self.decoder: Any = None  # built on the first generate(), after the memory check (see _build)
         self.patches: list[str] = []  # what made the shadow a pristine copy (Unsloth's class patches)
         self.last_plan: MemoryPlan | None = None
         self._caches: dict[tuple[int, int], Any] = {}
@@ -1194,10 +1196,7 @@ class FastGenerator:
             if isinstance(served, str):
                 if self._rotary_asked:
                     raise FastgenError(f"fastgen: fuse_rotary: {served}", "drop fuse_rotary for this model")
-                # "auto" chose it from the config; a module says otherwise: inductor's kernels, saying why
-                self.fuse_rotary, self.rotary_why = False, served
-                logging.getLogger(__name__).info("fastgen: the q/k norms, rotary and cache write stay in "
-                                                 "inductor's kernels: %s", served)
+                self._rotary_off(served)  # "auto" chose it from the config; a module says otherwise
         import inspect
 
         self._takes_cache_position = "cache_position" in inspect.signature(self.decoder.forward).parameters
@@ -1319,6 +1318,18 @@ class FastGenerator:
         transformers 5 counts writes in the cache itself and its forward has no such argument."""
         return {"cache_position": cache_position} if self._takes_cache_position else {}
 
+    def _rotary_off(self, why: str, level: int = logging.INFO) -> None:
+        """Leave the q/k norms, the rotary and the cache write to transformers' forward (inductor's kernels) from
+        here on, saying why: what "auto" does where the fused path cannot serve (``level``: info where that is
+        expected, a warning where something failed)."""
+        from rlstack.payload.fastgen import rotary_attention
+
+        if self.decoder is not None:
+            rotary_attention.uninstall(self.decoder)
+        self.fuse_rotary, self.rotary_why = False, why
+        logging.getLogger(__name__).log(level, "fastgen: the q/k norms, rotary and cache write stay in inductor's "
+                                        "kernels: %s", why)
+
     @staticmethod
     def _lengths(cache: Any) -> list[Any]:
         import torch
@@ -1342,6 +1353,13 @@ class FastGenerator:
         out, why = _first_compiled_call(
             lambda: self._step(input_ids, attention_mask, position_ids, cache, slot, read, groups),
             self._lengths(cache))
+        if why is not None and self.fuse_rotary and not self._rotary_asked:
+            # "auto" chose the rotary in the kernel: the step without it compiles before anything goes eager
+            # (eager is several times slower; a kernel helper inductor could not see did this on the H100)
+            self._rotary_off(f"the compiled step with it failed: {why}", logging.WARNING)
+            out, why = _first_compiled_call(
+                lambda: self._step(input_ids, attention_mask, position_ids, cache, slot, read, groups),
+                self._lengths(cache))
         if why is None:
             self._compiled_ok = True
             return out

@@ -106,6 +106,13 @@ def install(model: Any) -> int | str:
     return len(modules)
 
 
+def uninstall(model: Any) -> None:
+    """Give ``model``'s attention modules their class's forward back (what ``install`` changed)."""
+    for module in attention_modules(model):
+        if getattr(vars(module).get("forward"), "__func__", None) is decode_forward:
+            del module.forward
+
+
 def decode_forward(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any,
                    past_key_values: Any = None, **kwargs: Any) -> tuple[Any, None]:
     """The attention module's forward (``self``): a decode step through ``split_attention.attend`` with the
