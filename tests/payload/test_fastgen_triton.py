@@ -281,10 +281,12 @@ def test_compiled_the_attention_loop_runs_the_splits_own_blocks_not_the_fixed_tr
     assert ptx[3] == ptx[24]
 
 
-def _tiny() -> torch.nn.Module:
+def _tiny(**config: object) -> torch.nn.Module:
+    """A two-layer Qwen3, ``config`` changing its config."""
     torch.manual_seed(0)
     cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=512)
+                                   num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=512,
+                                   **config)
     return transformers.Qwen3ForCausalLM(cfg).eval()
 
 
@@ -646,11 +648,7 @@ def test_auto_rotary_steps_aside_saying_why_where_asking_for_it_is_refused(monke
     assert not fastgen.FastGenerator(gpt2, compile=False).fuse_rotary
 
     def windowed() -> torch.nn.Module:  # its second layer attends through a window (the shadow's copy too)
-        cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300,
-                                       layer_types=["full_attention", "sliding_attention"], sliding_window=64,
-                                       use_sliding_window=True)
-        return transformers.Qwen3ForCausalLM(cfg).eval()
+        return _tiny(layer_types=["full_attention", "sliding_attention"], sliding_window=64, use_sliding_window=True)
 
     monkeypatch.setattr(engine_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
     eng = fastgen.FastGenerator(windowed(), compile=False, decode_attention="triton")
