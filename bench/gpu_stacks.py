@@ -397,6 +397,12 @@ def cmd_summarize(a: argparse.Namespace) -> int:
         if r.get("step") != "train" or "grpo.fast_generation=false" not in " ".join(r.get("argv") or []):
             continue
         own, default = train_row(r), t.get(r["stack"], {})
+        if own.get("gpu") != default.get("gpu"):
+            # a ratio across two cards measures the cards as much as the generation (the device lends an H200 or
+            # an H100 from one lease to the next): said, not computed
+            data.setdefault("fastgen_step_speedup_not_shown", {})[r["stack"]] = (
+                f"own generation on {own.get('gpu')}, the default on {default.get('gpu')}: not one card")
+            continue
         if own.get("s_per_step_median") and default.get("s_per_step_median"):
             data.setdefault("fastgen_step_speedup", {})[r["stack"]] = {
                 "speedup": round(own["s_per_step_median"] / default["s_per_step_median"], 2),
@@ -449,6 +455,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
                   f"(`--set grpo.fast_generation=false`): {f['speedup']}x ({default['s_per_step_median']} s against "
                   f"{own['s_per_step_median']} s median; generate {default['generate_s_median']} s against "
                   f"{own['generate_s_median']} s).")
+    for stack, why in (data.get("fastgen_step_speedup_not_shown") or {}).items():
+        notes += f"\n\n{stack}'s GRPO step against the stack's own generation: not shown ({why})."
     for adapter, h in (data.get("handoffs_unquantized") or {}).items():
         notes += (f"\n\nHand-off on one base ({adapter}: portable `--backend hf --unquantized` vs fp8 "
                   f"`--backend vllm`, both bf16 + the adapter): {h['identical']} of {h['paired']} generations "

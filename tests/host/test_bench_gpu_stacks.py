@@ -103,3 +103,13 @@ def test_the_step_speedup_over_the_stacks_own_generation(gpu_stacks: ModuleType,
     assert f["default"]["s_per_step_median"] == 3.0 and f["own_generation"]["s_per_step_median"] == 32.5
     assert f["speedup"] == 10.83
     assert "10.83x" in (tmp_path / "results" / "gpu_stacks.md").read_text()
+
+    # the two runs on different cards (an H200 lease, then an H100 one): no ratio, and the table says why
+    own = json.loads((tmp_path / "portable-gpu-portable-unsloth-gen-train.json").read_text())
+    own["gpu"] = {"name": "NVIDIA H200"}
+    (tmp_path / "portable-gpu-portable-unsloth-gen-train.json").write_text(json.dumps(own))
+    assert gpu_stacks.cmd_summarize(argparse.Namespace(dirs=[str(tmp_path)], note=None)) == 0
+    data = json.loads((tmp_path / "results" / "gpu_stacks.json").read_text())
+    assert "fastgen_step_speedup" not in data
+    assert "not one card" in data["fastgen_step_speedup_not_shown"]["portable"]
+    assert "not shown (own generation on NVIDIA H200" in (tmp_path / "results" / "gpu_stacks.md").read_text()
