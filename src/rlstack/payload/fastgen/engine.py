@@ -882,7 +882,10 @@ def auto_rotary(device_type: str, decode_attention: str, shared_prompt: bool, fa
     Why on CUDA: measured through portable's default path (Unsloth loader, NF4 base, H100, run id
     20261205T132029-c23955, bench/results/rollout_peers_rotary_h100.md) in one process after the default: 1,720
     against 1,610 tokens/s at 8 sequences (+6.8 %, 4.65 against 4.97 ms a step) and 9,307 against 8,921 at 64
-    (+4.3 %); vLLM bf16 in the same lease 1,693 / 9,782 (1.02x / 0.95x with it, 0.95x / 0.91x without). On a real
+    (+4.3 %); vLLM bf16 in the same lease 1,693 / 9,782 (1.02x / 0.95x with it, 0.95x / 0.91x without). In the
+    other order on another H100 (run id 20261205T152008-c90011, bench/results/rollout_peers_swapped_h100.md): 1,744
+    / 9,296 with it, measured second, against 1,631 / 9,036 without it, measured first; vLLM bf16 1,563 / 9,690
+    (1.12x / 0.96x). On a real
     model (SmolLM2-135M, bf16, the same H100) its greedy tokens equal generate's on 75.4 % of positions (the
     default engine 71.7-72.7 % on the H200; both flip bf16 near-ties: the largest logit gap at a divergence
     0.125) and its per-token KL to the training model is 0.00178 (generate against itself 0.00166). The
@@ -1818,7 +1821,8 @@ def release(model: Any) -> None:
     releases through here for that reason). Measured, bench/rollout_peers.py's second variant in one process
     (H100, 2026-12-05) peaked at 25.2 GiB at 8 sequences where the first had 10.6: the first's shadow and caches
     still allocated (that bench uninstalled the hook first, which dropped the engine uncollected, so its release()
-    found nothing to collect)."""
+    found nothing to collect); with uninstall releasing through here, 10.7 GiB against 10.6 (H100, run id
+    20261205T152008-c90011)."""
     if vars(model).pop(ENGINE_ATTR, None) is not None:
         import gc
 
