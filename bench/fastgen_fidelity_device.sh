@@ -54,7 +54,7 @@ install_libs() {  # portable's transformers, tokenizers, peft (and the cpu lock'
 }
 
 locked() {  # hash-pinned requirement lines for packages $2... from lock $1, read by the project's lock parser
-  PYTHONPATH=src "$HOSTPY" -c "import sys; from pathlib import Path; from rlstack.host.locks import parse_locked
+  PYTHONPATH=src "$HOSTPY" -c "import sys; from pathlib import Path; from rlstack.stacks.locks import parse_locked
 pins = parse_locked(Path(sys.argv[1]).read_text())
 for name in sys.argv[2:]:
     p = pins[name]

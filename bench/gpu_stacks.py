@@ -116,9 +116,9 @@ def run_cli(args: list[str], log: Path, timeout: int) -> dict[str, Any]:
 
 def environment(stack: str) -> dict[str, Any]:
     """The stack's lock hash and how this Python departs from the lock (the probes' own record)."""
-    from rlstack.host.locks import lock_hash, locked_packages
-    from rlstack.host.stacks import load_stack
     from rlstack.probes import environment as env
+    from rlstack.stacks.locks import lock_hash, locked_packages
+    from rlstack.stacks.model import load_stack
 
     st = load_stack(stack)
     captured = env.capture(st, locked_packages(st))

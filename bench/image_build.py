@@ -28,8 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from rlstack import stacks  # noqa: E402
 from rlstack.core.tables import markdown_table  # noqa: E402
-from rlstack.host import engine, images, stacks  # noqa: E402
+from rlstack.host import engine, images  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 REPO = "rlstack-bench"

@@ -41,7 +41,7 @@ install_site() {
   # SITE_READY=1: the caller filled $SITE itself (fastgen_fidelity_device.sh: a few wheels, not a stack's parts)
   [ "${SITE_READY:-}" = 1 ] && [ -d "$SITE" ] && return 0
   local t0; t0=$(date +%s)
-  PYTHONPATH=$PWD/src python3 -m rlstack.host.native install --parts "$STASH/$stack" --target "$SITE" || exit 1
+  PYTHONPATH=$PWD/src python3 -m rlstack.scripts.native_install install --parts "$STASH/$stack" --target "$SITE" || exit 1
   echo "install: $(( $(date +%s) - t0 )) s"
 }
 lock12() {  # the first 12 hex digits of the staged lock's hash (parts.json), "nolock" without one

@@ -176,8 +176,8 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     slices of every file of at least 3 slices, and on slices of a tar of the package's smaller files, weighted
     by bytes. Why: staging the portable stack itself takes longer on this machine than a measurement should."""
     from rlstack.core.pkgnames import normalize, public_version
-    from rlstack.host.locks import parse_locked
-    from rlstack.host.stacks import load_stack
+    from rlstack.stacks.locks import parse_locked
+    from rlstack.stacks.model import load_stack
 
     locked = {n: p.version for n, p in parse_locked(load_stack(args.stack).lock_file.read_text()).items()}
     block = args.block_mib * MIB

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import InvalidRequirement
 
+from rlstack import stacks
 from rlstack.core.errors import StackFileError
 from rlstack.core.pkgnames import normalize, requirement_name
-from rlstack.host import stacks
 
 
 @pytest.mark.parametrize(("line", "name"), [

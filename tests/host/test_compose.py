@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
+from rlstack import stacks
 from rlstack.core.errors import RlstackError
-from rlstack.host import commands, compose, containers, images, locks, stacks
+from rlstack.host import commands, compose, containers, images
+from rlstack.stacks import locks
 
 SERVER_OK = ["model.load_in_4bit=false"]  # gsm8k-grpo trains a 4-bit base; server mode takes full weights
 
@@ -231,7 +233,7 @@ def test_the_raised_exception_is_quoted_and_unknown_failures_stay_the_trainers()
 
 def test_up_returns_the_trainers_exit_code_and_always_takes_the_project_down(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from rlstack.host import runner
+    from rlstack.core import runner
 
     calls: list[list[str]] = []
     results = iter([(0, ["trainer-1 | done"]), (3, ["trainer-1 | KeyError: 'x'"]), (1, ["x is unhealthy"])])

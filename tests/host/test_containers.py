@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import DockerError
 from rlstack.core.options import argv_for
-from rlstack.host import containers, engine, images, stacks
+from rlstack.host import containers, engine, images
 from rlstack.payload import commands as payload
 
 
@@ -131,7 +132,7 @@ def test_check_image_runs_hardened_with_a_tmp_and_no_volumes(stack_tree: Path) -
     cmd = containers.check_image_command(plan)
     assert "--read-only" in cmd and any(t.startswith("/tmp:") for t in _pairs(cmd, "--tmpfs"))
     assert _pairs(cmd, "-v") == [] and _pairs(cmd, "--entrypoint") == ["python"]
-    assert cmd[cmd.index(plan.tag) + 1:][:2] == ["-m", "rlstack.host.image_checks"]
+    assert cmd[cmd.index(plan.tag) + 1:][:2] == ["-m", "rlstack.scripts.image_checks"]
 
 
 def test_gpu_stack_checks_the_nvidia_runtime_before_any_build(stack_tree: Path,
@@ -165,7 +166,7 @@ def test_shell_without_a_terminal_needs_a_command(stack_tree: Path, monkeypatch:
 
 
 def test_copy_out_replaces_the_host_copy_only_when_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlstack.host import runner
+    from rlstack.core import runner
 
     calls: list[list[str]] = []
 

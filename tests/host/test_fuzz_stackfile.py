@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlstack import stacks
 from rlstack.core.errors import StackFileError
-from rlstack.host import stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = (ROOT / "images" / "fp8" / "stack.toml").read_text()

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlstack.host import locks, stacks
+from rlstack import stacks
 from rlstack.matrix import schema, store
+from rlstack.stacks import locks
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-probes.yml"

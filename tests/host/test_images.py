@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import DockerError, RlstackError
 from rlstack.core.pkgnames import normalize
-from rlstack.host import engine, image_checks, images, locks, stacks
+from rlstack.host import engine, images
+from rlstack.scripts import image_checks
+from rlstack.stacks import locks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,8 +242,9 @@ def test_disk_problem_names_the_free_space_and_need() -> None:
 def test_build_refused_up_front_when_the_disk_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
     from collections import namedtuple
 
+    from rlstack import stacks
     from rlstack.core.errors import DockerError
-    from rlstack.host import engine, images, stacks
+    from rlstack.host import engine, images
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(engine, "engine_info", lambda: {"DockerRootDir": "/var/lib/docker", "ServerVersion": "27.0"})

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core import pkgnames
 from rlstack.core.errors import LockError, StaleLockError
-from rlstack.host import commands, locks, stacks
+from rlstack.host import commands
+from rlstack.stacks import locks, resolver
 
 
 def test_committed_locks_are_fresh_and_hashed() -> None:
@@ -96,7 +98,7 @@ def test_explain_failure_keeps_the_resolvers_words() -> None:
         "Using Python 3.11\n  x No solution found when resolving dependencies:\n"
         "  cause: Because vllm==0.21.0 depends on torch==2.11.0 and you require torch==2.10.0, ...\n"
     )
-    out = locks.explain_failure(stderr)
+    out = resolver.explain_failure(stderr)
     assert "vllm==0.21.0 depends on torch==2.11.0" in out
     assert "Using Python" not in out
 
@@ -105,7 +107,7 @@ def test_explain_failure_keeps_the_resolvers_words() -> None:
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed")
 def test_conflicting_pins_fail_with_names() -> None:
     """Needs PyPI. torch 2.10 and vllm 0.21 cannot share an environment."""
-    res = locks.resolve(["vllm==0.21.0", "torch==2.10.0"], "3.11", "x86_64-manylinux_2_28", hashes=False)
+    res = resolver.resolve(["vllm==0.21.0", "torch==2.10.0"], "3.11", "x86_64-manylinux_2_28", hashes=False)
     assert not res.ok
     assert "torch==2.11.0" in res.text and "torch==2.10.0" in res.text
 
@@ -156,13 +158,13 @@ def _fake_uv(calls: list[dict[str, str]]):  # type: ignore[no-untyped-def]
 
 def test_relock_keeps_every_pin_that_still_fits(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, str]] = []
-    monkeypatch.setattr(locks.runner, "run", _fake_uv(calls))
+    monkeypatch.setattr(resolver.runner, "run", _fake_uv(calls))
     cpu = stacks.load_stack("cpu")
     before = locks.locked_versions(cpu)
     req = stack_tree / "images" / "cpu" / "requirements.in"
     req.write_text(req.read_text().replace("trl==0.24.0", "trl==0.23.0"))
     cpu = stacks.load_stack("cpu")
-    locks.write_lock(cpu)
+    resolver.write_lock(cpu)
     assert calls and calls[0] == before  # uv was handed the committed lock as its preferences
     after = locks.locked_versions(cpu)
     assert {n for n in before if after.get(n) != before[n]} == {"trl"} and after["trl"] == "0.23.0"
@@ -170,7 +172,7 @@ def test_relock_keeps_every_pin_that_still_fits(stack_tree: Path, monkeypatch: p
     # upgrade=True resolves from scratch: no preferences, so unpinned packages move (the fake index has no
     # CUDA runtime for the consistency check to find)
     monkeypatch.setattr(locks, "check_lock_consistency", lambda stack: None)
-    locks.write_lock(cpu, upgrade=True)
+    resolver.write_lock(cpu, upgrade=True)
     assert calls[-1] == {} and locks.locked_versions(cpu)["accelerate"] == FAKE_NEWEST
 
 
@@ -181,11 +183,11 @@ def test_real_uv_keeps_a_preferred_pin() -> None:
     even when another requirement is added; without preferences uv picks the newest."""
     plat = "x86_64-manylinux_2_28"
     old = "# rlstack-lock: stack=x inputs=y\npackaging==24.0\n"
-    kept = locks.resolve(["packaging", "pyyaml"], "3.11", plat, preferences=old)
+    kept = resolver.resolve(["packaging", "pyyaml"], "3.11", plat, preferences=old)
     assert kept.ok and locks.parse_pins(kept.text)["packaging"] == "24.0"
-    fresh = locks.resolve(["packaging"], "3.11", plat, hashes=False)
+    fresh = resolver.resolve(["packaging"], "3.11", plat, hashes=False)
     assert fresh.ok and locks.parse_pins(fresh.text)["packaging"] != "24.0"
-    forced = locks.resolve(["packaging>=25"], "3.11", plat, preferences=old)
+    forced = resolver.resolve(["packaging>=25"], "3.11", plat, preferences=old)
     assert forced.ok and locks.parse_pins(forced.text)["packaging"] != "24.0"
 
 

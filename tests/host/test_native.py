@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from rlstack.host import native
-from rlstack.host.locks import LockedPackage, parse_locked
-from rlstack.host.stacks import load_stack
 from rlstack.probes import environment
+from rlstack.scripts import native_install
+from rlstack.stacks.locks import LockedPackage, parse_locked
+from rlstack.stacks.model import load_stack
 
 
 def make_wheel(folder: Path, name: str, version: str, body: str = "VALUE = 1\n", *,
@@ -130,13 +131,13 @@ def test_stage_then_install_round_trip(tmp_path: Path, compress: str) -> None:
     assert index["stack"] == "cpu" and index["carry"] == 2 and index["python"] == "3.12"
     assert index["format"] == {"xz": "xz", "none": "tar"}[compress]
     assert len(index["parts"]) >= 3 and all(p["size"] <= 1 << 20 for p in index["parts"])
-    assert native.verify_parts(out)["tar_sha256"] == index["tar_sha256"]
+    assert native_install.verify_parts(out)["tar_sha256"] == index["tar_sha256"]
     if compress == "xz":  # each part a whole xz file on its own; joined, the tar parts.json hashes
         raw = [lzma.decompress((out / p["name"]).read_bytes()) for p in index["parts"]]
         assert [len(r) for r in raw] == [p["raw_size"] for p in index["parts"]]
         assert hashlib.sha256(b"".join(raw)).hexdigest() == index["tar_sha256"]
     target = tmp_path / "site"
-    manifest = native.install(out, target)
+    manifest = native_install.install(out, target)
     assert sorted(w["name"] for w in manifest["wheels"]) == sorted(carried)
     name = sorted(carried)[0]
     mod = f"rlstest_{name}".replace("-", "_")
@@ -203,12 +204,12 @@ def test_plain_parts_from_before_xz_still_install(tmp_path: Path) -> None:
     index = json.loads((out / native.PARTS_FILE).read_text())
     del index["format"]  # parts.json as the stager wrote it before the xz format existed
     (out / native.PARTS_FILE).write_text(json.dumps(index))
-    manifest = native.install(out, tmp_path / "site")
+    manifest = native_install.install(out, tmp_path / "site")
     assert sorted(w["name"] for w in manifest["wheels"]) == sorted(carried)
     index["format"] = "zstd"
     (out / native.PARTS_FILE).write_text(json.dumps(index))
     with pytest.raises(native.NativeError, match="format 'zstd'"):
-        native.verify_parts(out)
+        native_install.verify_parts(out)
 
 
 def test_corrupt_compressed_part_is_named(tmp_path: Path) -> None:
@@ -219,18 +220,18 @@ def test_corrupt_compressed_part_is_named(tmp_path: Path) -> None:
     bad = good[:100] + bytes([good[100] ^ 0xFF]) + good[101:]
     part.write_bytes(bad)
     with pytest.raises(native.NativeError, match=r"1 of \d+ parts unusable: part-001 damaged") as exc:
-        native.install(out, tmp_path / "site")
+        native_install.install(out, tmp_path / "site")
     assert "carry those parts again" in str(exc.value)
     # a part that matches a parts.json edited to fit it is still refused when it decompresses: named too
     index["parts"][1]["sha256"] = hashlib.sha256(bad).hexdigest()
     (out / native.PARTS_FILE).write_text(json.dumps(index))
     with pytest.raises(native.NativeError, match="part-001: not valid xz"):
-        native.install(out, tmp_path / "site")
+        native_install.install(out, tmp_path / "site")
     part.write_bytes(good[:-50])  # cut short
     index["parts"][1].update(sha256=hashlib.sha256(good[:-50]).hexdigest(), size=len(good) - 50)
     (out / native.PARTS_FILE).write_text(json.dumps(index))
     with pytest.raises(native.NativeError, match=r"part-001: .*(cut short|not valid xz)"):
-        native.install(out, tmp_path / "site")
+        native_install.install(out, tmp_path / "site")
     assert not (tmp_path / "site" / ".rlstack-native.json").exists()
 
 
@@ -240,10 +241,10 @@ def test_damaged_missing_and_mixed_parts_are_named(tmp_path: Path) -> None:
     good = part.read_bytes()
     part.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     with pytest.raises(native.NativeError, match="part-000 damaged"):
-        native.verify_parts(out)
+        native_install.verify_parts(out)
     part.unlink()
     with pytest.raises(native.NativeError, match="part-000 missing") as exc:
-        native.install(out, tmp_path / "site")
+        native_install.install(out, tmp_path / "site")
     assert "carry those parts again" in str(exc.value)
     part.write_bytes(good)
     # a parts.json from another staging: every part checks out against itself, the whole does not
@@ -251,7 +252,7 @@ def test_damaged_missing_and_mixed_parts_are_named(tmp_path: Path) -> None:
     index["tar_sha256"] = "0" * 64
     (out / native.PARTS_FILE).write_text(json.dumps(index))
     with pytest.raises(native.NativeError, match="different stagings"):
-        native.install(out, tmp_path / "site")
+        native_install.install(out, tmp_path / "site")
 
 
 def test_restage_replaces_the_folder_whole(tmp_path: Path) -> None:
@@ -263,8 +264,8 @@ def test_restage_replaces_the_folder_whole(tmp_path: Path) -> None:
 
 
 def test_native_cli_reports_errors_with_exit_code(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "rlstack.host.native", "verify", "--parts", str(tmp_path)], text=True,
-                          capture_output=True)
+    proc = subprocess.run([sys.executable, "-m", "rlstack.scripts.native_install", "verify", "--parts", str(tmp_path)],
+                          text=True, capture_output=True)
     assert proc.returncode == native.NativeError.exit_code
     assert "parts.json" in proc.stderr and "invoke native-stage" in proc.stderr
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import DockerError
-from rlstack.host import commands, engine, images, settings, stacks
+from rlstack.host import commands, engine, images
+from rlstack.stacks import settings
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import StackFileError, UnknownStackError
-from rlstack.host import stacks
 
 
 def test_all_real_stacks_load() -> None:

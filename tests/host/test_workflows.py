@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlstack import stacks
 from rlstack.core.errors import StackFileError
-from rlstack.host import ci, stacks
+from rlstack.host import ci
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -39,7 +40,7 @@ def test_actionlint_passes() -> None:
 
 
 def _expected_from_files(images: Path) -> tuple[list[dict[str, object]], set[tuple[str, str]]]:
-    """What the stack files say, read with tomllib alone (independent of rlstack.host.stacks)."""
+    """What the stack files say, read with tomllib alone (independent of rlstack.stacks.model)."""
     image_rows, probe_pairs = [], set()
     for f in sorted(images.glob("*/stack.toml")):
         data = tomllib.loads(f.read_text())

@@ -39,7 +39,7 @@ def test_shipped_matrix_validates_and_has_reported_rows() -> None:
 
 def test_shipped_matrix_names_only_real_stacks() -> None:
     """A renamed stack takes its rows with it (fp8's walled rows became fp8-report's when fp8 was fixed)."""
-    from rlstack.host import stacks
+    from rlstack import stacks
 
     names = set(stacks.stack_names())
     m = store.load(ROOT / "compat_matrix.yaml")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rlstack.host.locks import LockedPackage
-from rlstack.host.stacks import load_stack
 from rlstack.probes import discover, pyast
 from rlstack.probes.wheels import SourceSet
+from rlstack.stacks.locks import LockedPackage
+from rlstack.stacks.model import load_stack
 
 HOST = {
     "hostlib/__init__.py": "",

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from rlstack.host.stacks import load_stack
 from rlstack.probes import commands, suite
+from rlstack.stacks.model import load_stack
 
 pytestmark = pytest.mark.slow
 

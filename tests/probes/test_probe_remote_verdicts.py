@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from rlstack.core.errors import LockError, RlstackError
-from rlstack.host.locks import LockedPackage
 from rlstack.probes import remote, report, toolchain, wheels
 from rlstack.probes.model import Environment, ProbeReport, ProbeResult
 from rlstack.probes.remote import RemoteWheel
 from rlstack.probes.wheels import SourceSet, WheelCache
+from rlstack.stacks.locks import LockedPackage
 
 PY, PLAT = "3.11", "x86_64-manylinux_2_28"
 
@@ -239,13 +239,13 @@ def test_header_shows_the_stacks_toolkit_and_the_hosts_and_folds_deviations() ->
 
 
 def test_a_stack_that_does_not_resolve_is_a_clean_error(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlstack.host import locks
     from rlstack.probes import suite
+    from rlstack.stacks import resolver
 
     (stack_tree / "images" / "cpu" / "requirements.lock").unlink()
     why = ("  x No solution found when resolving dependencies:\n  Because trl==0.24.0 depends on transformers>=4.56 "
            "and you require transformers==4.40.0, we can conclude that your requirements are unsatisfiable.")
-    monkeypatch.setattr(locks, "resolve", lambda *a, **k: locks.Resolution(False, why, ["uv"]))
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: resolver.Resolution(False, why, ["uv"]))
     with pytest.raises(LockError) as err:
         suite.run("cpu", layers=["contract"])
     assert "does not resolve" in err.value.message and "transformers==4.40.0" in err.value.message

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlstack.host import locks
-from rlstack.host.stacks import load_stack
 from rlstack.probes import resolve, runtime
+from rlstack.stacks import resolver
+from rlstack.stacks.model import load_stack
 
 
 def test_runtime_probes_skip_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,9 +86,9 @@ def test_coinstall_conflict_names_the_torch_pins(stack_tree: Path, monkeypatch: 
 
     def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
         seen["reqs"] = reqs
-        return locks.Resolution(False, text, ["uv", "pip", "compile"])
+        return resolver.Resolution(False, text, ["uv", "pip", "compile"])
 
-    monkeypatch.setattr(locks, "resolve", fake_resolve)
+    monkeypatch.setattr(resolver, "resolve", fake_resolve)
     res = resolve.probe_coinstall(load_stack("portable"), load_stack("fp8-report"))
     assert res.status == "fail" and res.signature == "torch-pin-conflict"
     assert "vllm==0.21.0" in res.reason and "torch==2.10.0" in res.reason and "torch==2.11.0" in res.reason
@@ -102,9 +102,9 @@ def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest
 
     def fake_resolve(reqs, python, platform, hashes=True):  # type: ignore[no-untyped-def]
         calls.append(1)
-        return locks.Resolution(True, "a==1\nb==2\n", ["uv"])
+        return resolver.Resolution(True, "a==1\nb==2\n", ["uv"])
 
-    monkeypatch.setattr(locks, "resolve", fake_resolve)
+    monkeypatch.setattr(resolver, "resolve", fake_resolve)
     cpu = load_stack("cpu")
     # a lock made from exactly these inputs is uv's answer already
     if resolve.lock_is_fresh(cpu):
@@ -122,7 +122,7 @@ def test_resolve_result_is_cached_by_input(stack_tree: Path, monkeypatch: pytest
 
 def test_unreachable_index_is_a_skip_not_a_conflict(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLSTACK_CACHE", str(stack_tree / "cache"))
-    monkeypatch.setattr(locks, "resolve", lambda *a, **k: locks.Resolution(
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: resolver.Resolution(
         False, "error: Failed to fetch: `https://pypi.org/simple/trl/`\n  Caused by: dns error", ["uv"]))
     res = resolve.probe_stack(load_stack("cpu"), fresh=True)
     assert res.status == "skip" and "could not be reached" in res.reason

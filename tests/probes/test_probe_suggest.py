@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from rlstack.host.stacks import load_stack
 from rlstack.probes import suggest
 from rlstack.probes.model import ProbeResult
+from rlstack.stacks.model import load_stack
 
 RELEASES = {
     "vllm": ["0.19.1", "0.20.0", "0.21.0"],

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlstack.host.locks import LockedPackage, parse_locked
 from rlstack.probes import toolchain, wheels
 from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, wheel_score
+from rlstack.stacks.locks import LockedPackage, parse_locked
 
 PY, PLAT = "3.11", "x86_64-manylinux_2_28"
 

@@ -1,8 +1,8 @@
 """Package names and versions compared the way installers compare them. Standard library at import time: the
-native installer (rlstack.host.native) uses these on a GPU host before anything else is installed.
+native installer (rlstack.scripts.native_install) uses these on a GPU host before anything else is installed.
 
 This is the one home of the PEP 503 normaliser and of the reader of installed versions (the probes record an
-environment with it, the payload asks it which unsloth_zoo runs). host/image_checks.py keeps a copy of both,
+environment with it, the payload asks it which unsloth_zoo runs). scripts/image_checks.py keeps a copy of both,
 because it runs by path inside the image build before rlstack (and this module) is installed.
 """
 

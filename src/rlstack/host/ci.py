@@ -10,10 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+from rlstack import stacks
+from rlstack.core import runner
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import write_atomic
-from rlstack.host import runner, stacks
-from rlstack.host.stacks import Stack
+from rlstack.stacks.model import Stack
 
 Kind = Literal["images", "gpu-probes", "canary", "all"]
 KINDS = ("images", "gpu-probes", "canary", "all")

@@ -44,8 +44,9 @@ DEFAULT_SERVER_START_S = 900
 
 def stacks(stack: StackList = None, json_: AsJson = False) -> int:
     """List the stacks and their key versions (from stack.toml and the locks), and this machine's settings."""
-    from rlstack.host import docs, settings
-    from rlstack.host import stacks as stack_files
+    from rlstack.host import docs
+    from rlstack import stacks as stack_files
+    from rlstack.stacks import settings
 
     chosen = [stack_files.load_stack(n) for n in stack_files.resolve_names(stack)]
     if json_:
@@ -76,7 +77,7 @@ def settings(
 ) -> int:
     """Show this machine's settings, or set them once (kept in invoke.yaml, not committed): the base image,
     the CA bundle and the docker client every later command uses unless its own flag says otherwise."""
-    from rlstack.host import settings as machine
+    from rlstack.stacks import settings as machine
 
     updates: dict[str, str | None] = {k: v for k, v in (("base_image", base_image), ("ca_cert", ca_cert),
                                                         ("docker", docker)) if v}
@@ -95,8 +96,8 @@ def lock(
     = False,
 ) -> int:
     """Resolve each stack with uv for its platform into images/<stack>/requirements.lock, with hashes."""
-    from rlstack.host import locks
-    from rlstack.host import stacks as stack_files
+    from rlstack import stacks as stack_files
+    from rlstack.stacks import locks, resolver
 
     names = stack_files.resolve_names(stack)
     if check:
@@ -113,7 +114,7 @@ def lock(
             return StaleLockError.exit_code
         return 0
     for name in names:
-        print(f"wrote {locks.write_lock(stack_files.load_stack(name))}")
+        print(f"wrote {resolver.write_lock(stack_files.load_stack(name))}")
     return 0
 
 
@@ -137,7 +138,7 @@ def docs(check: Annotated[bool, Opt("fail when a generated README section is out
 
 def _plan(stack: str, base_image: str | None, ca_cert: str | None, **kw: Any) -> Any:
     from rlstack.host import images
-    from rlstack.host import stacks as stack_files
+    from rlstack import stacks as stack_files
 
     return images.plan(stack_files.load_stack(stack), base_image=base_image or None, ca_cert=ca_cert or None, **kw)
 
@@ -193,7 +194,7 @@ def push(
 
 
 def _stack(name: str) -> Any:
-    from rlstack.host import stacks as stack_files
+    from rlstack import stacks as stack_files
 
     return stack_files.load_stack(name)
 
@@ -230,9 +231,10 @@ def _compose_plan(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | 
                   server_start_s: int, image_of: Any, comment: str) -> Any:
     """Both services of a server-mode run. The checks that need no image run before `image_of` (which may
     build one) is called; `values` are the payload train call, to which the server overrides are added."""
-    from rlstack.host import compose, locks
-    from rlstack.host import stacks as stack_files
+    from rlstack.host import compose
+    from rlstack import stacks as stack_files
     from rlstack.payload import recipes
+    from rlstack.stacks import locks
 
     server = _stack(vllm_server)
     all_stacks = [stack_files.load_stack(n) for n in stack_files.stack_names()]
@@ -465,7 +467,7 @@ def native_stage(
                                          "(bench/results/stage_compression.md)")] = None,
 ) -> int:
     """Stage a stack's locked wheels (sha256-checked) in parts for a GPU host with no Docker and no network;
-    `python3 -m rlstack.host.native install` there."""
+    `python3 -m rlstack.scripts.native_install install` there."""
     from rlstack.host import native
 
     skips: dict[str, str] = {}
@@ -486,7 +488,8 @@ def native_stage(
     for pkg, why in index["skip"].items():
         print(f"  left out {pkg}: {why}")
     print(f"on the GPU host, with every part and {native.PARTS_FILE} in one folder DIR:\n"
-          f"  PYTHONPATH=src python3 -m rlstack.host.native install --parts DIR --target /tmp/site-{index['stack']}\n"
+          f"  PYTHONPATH=src python3 -m rlstack.scripts.native_install install --parts DIR "
+          f"--target /tmp/site-{index['stack']}\n"
           f"  PYTHONPATH=/tmp/site-{index['stack']}:src python3 -m rlstack.cli probe --stack {index['stack']} "
           f"--layer runtime -o probe.json")
     return 0
@@ -527,7 +530,7 @@ def ci_jobs(
 ) -> int:
     """Print the CI job matrix (JSON) a workflow consumes, computed from the stack files only."""
     from rlstack.host import ci
-    from rlstack.host import stacks as stack_files
+    from rlstack import stacks as stack_files
 
     text = ci.matrix_json(kind, stack_files.resolve_names(stack) if stack else None)
     print(text)

@@ -30,7 +30,7 @@ from typing import Any
 
 from rlstack.core.errors import DockerError, RlstackError
 from rlstack.host import containers
-from rlstack.host.stacks import Stack
+from rlstack.stacks.model import Stack
 
 SERVER = "vllm-server"
 TRAINER = "trainer"
@@ -320,7 +320,7 @@ def up(p: ComposePlan, file: Path, client: Sequence[str]) -> int:
     """Start both services, follow them, stop both when the trainer exits; the trainer's exit code. A known
     failure becomes an RlstackError naming its fix. The containers and network are removed afterwards; the
     named volumes (adapters, runs, HF cache) stay."""
-    from rlstack.host import runner
+    from rlstack.core import runner
 
     base = [*client, "-p", p.project, "-f", str(file)]
     try:

@@ -22,11 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from rlstack.core import runner
 from rlstack.core.errors import DockerError
 from rlstack.core.fileio import swap_in
 from rlstack.core.paths import PATH_MAP_ENV
-from rlstack.host import engine, images, runner
-from rlstack.host.stacks import Stack
+from rlstack.host import engine, images
+from rlstack.stacks.model import Stack
 
 ADAPTERS_VOLUME = "rlstack-adapters"
 HF_CACHE_VOLUME = "rlstack-hf-cache"
@@ -239,7 +240,7 @@ def check_image_command(p: images.BuildPlan, exe: str = "docker") -> list[str]:
     """Re-run the build-time checks in the finished image (now with rlstack installed), as its user, with the
     same hardening as every run (a read-only root with a tmpfs /tmp: Python needs a temporary folder)."""
     a = p.args
-    spec = RunSpec(image=p.tag, argv=("-m", "rlstack.host.image_checks", "--torch-version", a["TORCH_VERSION"],
+    spec = RunSpec(image=p.tag, argv=("-m", "rlstack.scripts.image_checks", "--torch-version", a["TORCH_VERSION"],
                                       "--torch-cuda", a["TORCH_CUDA"], "--gpu-archs", a["GPU_ARCHS"], "--lock",
                                       f"/opt/rlstack/images/{p.stack.name}/requirements.lock", "--stack",
                                       p.stack.name),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from rlstack.host import runner
+from rlstack.core import runner
 
 LINT_PATHS = ["src", "tests", "bench", "tasks.py"]
 

@@ -8,13 +8,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from rlstack import stacks
 from rlstack.core.errors import LockError, RlstackError
 from rlstack.core.fileio import write_atomic
 from rlstack.core.paths import project_root
 from rlstack.core.pkgnames import normalize
 from rlstack.core.tables import markdown_table
-from rlstack.host import locks, stacks
-from rlstack.host.stacks import Stack
+from rlstack.stacks import locks
+from rlstack.stacks.model import Stack
 
 HEADERS = ["stack", "python", "torch", "cuda", "nvcc", "gpu archs", "key packages", "lock"]
 

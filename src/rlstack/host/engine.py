@@ -14,8 +14,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlstack.core import runner
 from rlstack.core.errors import DockerError
-from rlstack.host import runner
 
 START_HINT = (
     "start the engine (sudo systemctl start docker, or: sudo nohup dockerd >/tmp/dockerd.log 2>&1 &), "
@@ -30,8 +30,8 @@ NVIDIA_HOOKS = ("nvidia-container-runtime", "nvidia-container-runtime-hook", "nv
 
 
 def client() -> str:
-    """The docker client to call (rlstack.host.settings: RLSTACK_DOCKER, invoke.yaml, /usr/bin/docker)."""
-    from rlstack.host import settings
+    """The docker client to call (rlstack.stacks.settings: RLSTACK_DOCKER, invoke.yaml, /usr/bin/docker)."""
+    from rlstack.stacks import settings
 
     return settings.docker_client()
 

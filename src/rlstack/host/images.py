@@ -18,11 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlstack.core import runner
 from rlstack.core.errors import DockerError, RlstackError
 from rlstack.core.paths import project_root
 from rlstack.core.pkgnames import normalize
-from rlstack.host import engine, locks, runner, settings
-from rlstack.host.stacks import Stack
+from rlstack.host import engine
+from rlstack.stacks import locks, settings
+from rlstack.stacks.model import Stack
 
 REPO = "rlstack"
 # What the build context sends (see /.dockerignore, an allow-list of the same entries).

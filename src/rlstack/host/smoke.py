@@ -15,7 +15,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from rlstack.host import locks, stacks
+from rlstack import stacks
+from rlstack.stacks import locks
 
 
 def run_smoke(*, recipe: str, lock_check: bool = True, steps: int | None = None, name: str | None = None) -> int:

@@ -89,7 +89,7 @@ def _walk(folder: Path) -> list[str]:
 def resolve_lock_hash() -> str | None:
     """$RLSTACK_LOCK_HASH (images set it), else the sha256 of the lock of $RLSTACK_STACK's stack (the cpu stack
     for a native run: the lock a native CPU environment is checked against by `invoke smoke`), else None. The
-    lock hash is the hash of the file's bytes (rlstack.host.locks.lock_hash), read here without the host side."""
+    lock hash is the hash of the file's bytes (rlstack.stacks.locks.lock_hash), read here without the host side."""
     env = os.environ.get("RLSTACK_LOCK_HASH")
     if env:
         return env

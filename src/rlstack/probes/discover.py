@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 from packaging.version import InvalidVersion, Version
 
 from rlstack.core.pkgnames import normalize, requirement_name
-from rlstack.host.locks import LockedPackage
-from rlstack.host.stacks import Stack
 from rlstack.probes import contract, pyast
 from rlstack.probes.contract import Analyzer
 from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.remote import write_text
 from rlstack.probes.wheels import SourceSet, WheelCache, cache_dir
+from rlstack.stacks.locks import LockedPackage
+from rlstack.stacks.model import Stack
 
 # Suppression rules: a possible finding that one of these covers is counted under it, with this reason.
 RULES: dict[str, str] = {

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from rlstack.core.pkgnames import installed_versions, normalize, public_version
-from rlstack.host.locks import LockedPackage
-from rlstack.host.stacks import Stack
 from rlstack.probes.model import Environment
+from rlstack.stacks.locks import LockedPackage
+from rlstack.stacks.model import Stack
 
 TOOLKIT_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc-cu13")
 

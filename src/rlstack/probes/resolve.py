@@ -14,11 +14,11 @@ import hashlib
 import json
 import re
 
-from rlstack.host import locks
-from rlstack.host.stacks import Stack
 from rlstack.probes.model import Evidence, ProbeResult
 from rlstack.probes.remote import write_text
 from rlstack.probes.wheels import cache_dir
+from rlstack.stacks import locks, resolver
+from rlstack.stacks.model import Stack
 
 PIN_CLAUSE = re.compile(r"[A-Za-z0-9_.-]+==[^\s,]+")
 # uv's words when it could not reach the index: that is no answer about the pins, so the probe skips
@@ -38,7 +38,7 @@ def _cached_resolve(reqs: list[str], python: str, platform: str, fresh: bool) ->
     if path.is_file() and not fresh:
         d = json.loads(path.read_text())
         return d["ok"], d["text"], d["command"]
-    res = locks.resolve(reqs, python, platform, hashes=False)
+    res = resolver.resolve(reqs, python, platform, hashes=False)
     text = res.text if not res.ok else f"{len(locks.parse_pins(res.text))} packages pinned"
     cmd = " ".join(res.command)
     if not res.ok and OFFLINE.search(text) and "No solution found" not in text:

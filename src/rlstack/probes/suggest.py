@@ -45,13 +45,13 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from rlstack.core.pkgnames import normalize, requirement_name
-from rlstack.host import locks
-from rlstack.host.locks import LockedPackage
-from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import contract, toolchain
 from rlstack.probes.model import ProbeResult
 from rlstack.probes.remote import write_text
 from rlstack.probes.wheels import INDEX_URL, SourceSet, WheelCache, WheelError, _get, cache_dir
+from rlstack.stacks import locks, resolver
+from rlstack.stacks.locks import LockedPackage
+from rlstack.stacks.model import Stack, load_stack
 
 FINAL_RE = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 NVCC = {"12": "nvidia-cuda-nvcc-cu12", "13": "nvidia-cuda-nvcc"}
@@ -650,15 +650,15 @@ def _changes(self: Searcher, versions: dict[str, str]) -> dict[str, list[str | N
     return out
 
 
-def _resolve(reqs: list[str], python: str, platform: str, preferences: str | None) -> locks.Resolution:
-    """locks.resolve with hashes and the lock as preferences, cached by its input."""
+def _resolve(reqs: list[str], python: str, platform: str, preferences: str | None) -> resolver.Resolution:
+    """resolver.resolve with hashes and the lock as preferences, cached by its input."""
     key = hashlib.sha256(json.dumps([sorted(reqs), python, platform,
                                      hashlib.sha256((preferences or "").encode()).hexdigest()]).encode()).hexdigest()
     path = cache_path() / f"{key}.json"
     if path.is_file():
         d = json.loads(path.read_text())
-        return locks.Resolution(d["ok"], d["text"], d["command"])
-    res = locks.resolve(reqs, python, platform, hashes=True, preferences=preferences)
+        return resolver.Resolution(d["ok"], d["text"], d["command"])
+    res = resolver.resolve(reqs, python, platform, hashes=True, preferences=preferences)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps({"ok": res.ok, "text": res.text, "command": res.command}))
     return res

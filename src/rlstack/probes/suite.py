@@ -24,13 +24,13 @@ from functools import cache
 from pathlib import Path
 
 from rlstack.core.errors import LockError, RlstackError
-from rlstack.host import locks
-from rlstack.host.locks import LockedPackage, parse_locked
-from rlstack.host.stacks import Stack, load_stack
 from rlstack.probes import contract, environment, remote, resolve, runtime, signatures, toolchain
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
 from rlstack.probes.remote import RemoteWheel
 from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, cache_dir
+from rlstack.stacks import locks
+from rlstack.stacks.locks import LockedPackage, parse_locked
+from rlstack.stacks.model import Stack, load_stack
 
 # The files whose content decides a static probe's answer, besides the wheels: a change to any of them
 # invalidates every cached result.

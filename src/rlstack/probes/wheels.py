@@ -30,9 +30,9 @@ from packaging.version import InvalidVersion
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import sha256_file
 from rlstack.core.pkgnames import normalize
-from rlstack.host.locks import LockedPackage
 from rlstack.probes import remote
 from rlstack.probes.remote import RemoteWheel
+from rlstack.stacks.locks import LockedPackage
 
 INDEX_URL = os.environ.get("RLSTACK_INDEX_URL", "https://pypi.org/simple")
 
@@ -99,8 +99,8 @@ def wheel_score(filename: str, python: str, platform: str) -> tuple[int, ...] | 
 
 
 def ssl_context() -> ssl.SSLContext:
-    """TLS verified against the machine's CA bundle where one is set (rlstack.host.settings)."""
-    from rlstack.host import settings
+    """TLS verified against the machine's CA bundle where one is set (rlstack.stacks.settings)."""
+    from rlstack.stacks import settings
 
     ca = settings.ca_cert()
     return _context(str(ca) if ca and ca.is_file() else None)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import DockerError
-from rlstack.host import engine, images, settings, stacks
+from rlstack.host import engine, images
 from rlstack.host.containers import Volumes
+from rlstack.stacks import settings
 
 ROOT = Path(__file__).resolve().parents[3]
 TEST_BASE = os.environ.get("RLSTACK_TEST_BASE", "rlstack-test/bookworm-minbase")

@@ -16,13 +16,15 @@ from typing import IO
 
 import pytest
 
+from rlstack import stacks
 from rlstack.core.errors import DockerError
 from rlstack.core.options import argv_for
 from rlstack.core.pkgnames import normalize
-from rlstack.host import commands, containers, engine, images, locks, settings, stacks
+from rlstack.host import commands, containers, engine, images
 from rlstack.host.containers import Volumes
 from rlstack.payload import commands as payload
 from rlstack.payload.train import checkpoints
+from rlstack.stacks import locks, settings
 
 TEST_REPO = "rlstack-test"
 

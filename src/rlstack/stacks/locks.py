@@ -1,18 +1,17 @@
-"""Hash-locked resolution with uv, for each stack's own platform (linux x86_64, its Python).
+"""What a lock is: the parser of a stack's hash-locked requirements, its identity (the hash of its bytes), and
+when it is stale.
 
 A lock starts with a header that records a hash of everything resolution depends on (the stack's Python
 and platform, the pins stack.toml owns, requirements.in, rlstack's own dependencies). `check` recomputes
 that hash: a lock is stale exactly when an input changed, and the message names the stack and the fix.
+Writing locks (uv) is rlstack.stacks.resolver's.
 
-Relocking changes only what must change: the committed lock is handed to uv as its preferred pins, so a pin
-that still satisfies the new inputs stays (with its hashes), and only what the change forces moves.
-
-This module is also the one home of the lock-file parser (`parse_locked`); every other reader of a lock
-imports it from here, except host/image_checks.py, which runs by path in the image build before rlstack is
+This module is the one home of the lock-file parser (`parse_locked`); every other reader of a lock imports it
+from here, except rlstack/scripts/image_checks.py, which runs by path in the image build before rlstack is
 installed and keeps a standard-library copy.
 
 The image's build backend (hatchling, pyproject's [build-system]) has its own hash-locked file,
-images/build-backend.lock, kept fresh by the same code: see `write_build_backend_lock`.
+images/build-backend.lock, checked here with the stacks' locks.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
-import sys
-import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +26,13 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rlstack.core import pkgnames
-from rlstack.core.errors import LockError, RlstackError, StaleLockError
-from rlstack.core.fileio import write_atomic
+from rlstack.core.errors import LockError, StaleLockError
 from rlstack.core.paths import project_root
-from rlstack.host import runner
-from rlstack.host.stacks import Stack
+from rlstack.stacks.model import Stack
 
 HEADER_RE = re.compile(r"^# rlstack-lock: (?P<fields>.*)$", re.M)
 # One entry of a uv/pip-compile lock: 'name==version [; marker] \' and its '--hash=sha256:...' continuation
-# lines. host/image_checks.py has a standard-library copy of this pattern (PIN_RE); keep the two in step.
+# lines. rlstack/scripts/image_checks.py has a standard-library copy of this pattern (PIN_RE); keep the two in step.
 ENTRY_RE = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)"
     r"(?:[ \t]*;(?P<marker>[^\\\n]*))?"
@@ -119,86 +113,6 @@ def read_header(text: str) -> dict[str, str]:
     if not m:
         return {}
     return dict(part.split("=", 1) for part in m.group("fields").split() if "=" in part)
-
-
-@dataclass(frozen=True)
-class Resolution:
-    ok: bool
-    text: str  # the lock text when ok, else the resolver's explanation
-    command: list[str]
-
-
-def _uv() -> str:
-    exe = shutil.which("uv")
-    if exe is None:
-        raise RlstackError("uv is not installed", "python3 -m pip install uv==0.13.9 (or: pip install -e '.[dev]')")
-    return exe
-
-
-def uv_env() -> dict[str, str]:
-    """uv verifies TLS against SSL_CERT_FILE: hand it the machine's CA bundle (rlstack.host.settings)."""
-    from rlstack.host import settings
-
-    ca = settings.ca_cert()
-    return {"SSL_CERT_FILE": str(ca)} if ca else {}
-
-
-def resolve(requirements: list[str], python: str, platform: str | None, *, hashes: bool = True,
-            preferences: str | None = None) -> Resolution:
-    """Resolve `requirements` for (python, platform) without installing anything.
-
-    platform None resolves for every platform (uv --universal; `python` is then the lowest Python). With
-    `preferences` (the text of an existing lock) uv starts from those pins: it reads its --output-file as
-    preferred versions before writing it, and keeps each one, with its hashes, while it still satisfies the
-    requirements. Without them it picks the newest versions that fit."""
-    with tempfile.TemporaryDirectory(prefix="rlstack-lock-") as tmp:
-        req = Path(tmp) / "requirements.in"
-        req.write_text("\n".join(requirements) + "\n")
-        out = Path(tmp) / "requirements.lock"
-        if preferences is not None:
-            out.write_text(preferences)
-        target = ["--universal"] if platform is None else ["--python-platform", platform]
-        cmd = [
-            _uv(), "pip", "compile", req.name, "--output-file", out.name, "--python-version", python, *target,
-            "--no-header", "--quiet", "--no-annotate" if not hashes else "--annotate",
-        ]
-        if hashes:
-            cmd.append("--generate-hashes")
-        proc = runner.run(cmd, capture=True, check=False, env=uv_env(), cwd=tmp)
-        if proc.returncode != 0:
-            return Resolution(False, explain_failure(proc.stderr), cmd)
-        return Resolution(True, out.read_text(), cmd)
-
-
-def explain_failure(stderr: str) -> str:
-    """Keep the resolver's own explanation; drop uv's progress noise."""
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("Resolved", "Using"))]
-    return "\n".join(lines).strip() or "the resolver failed without an explanation"
-
-
-def write_lock(stack: Stack, *, upgrade: bool = False) -> Path:
-    """Resolve the stack and write its lock. The committed lock is the resolver's preference, so only the pins
-    an input change forces move; `upgrade=True` resolves from scratch (newest versions that fit).
-
-    The build backend's lock (images/build-backend.lock) is refreshed on the way when it is stale: `check`
-    checks it with every stack, so `invoke lock` must be able to fix it."""
-    if not build_backend_is_fresh(stack.folder.parent.parent):
-        write_build_backend_lock(stack.folder.parent.parent)
-    current = stack.lock_file.read_text() if stack.lock_file.is_file() and not upgrade else None
-    res = resolve(resolver_input(stack), stack.python, stack.platform, preferences=current)
-    if not res.ok:
-        raise LockError(
-            f"stack '{stack.name}' does not resolve for Python {stack.python} on {stack.platform}:\n{res.text}",
-            f"change the conflicting pins in {stack.requirements_in} or {stack.stack_file}",
-        )
-    header = (
-        f"# rlstack-lock: stack={stack.name} inputs={inputs_hash(stack)} python={stack.python} "
-        f"platform={stack.platform}\n"
-        f"# Generated by 'invoke lock --stack {stack.name}' from stack.toml + requirements.in. Do not edit.\n"
-    )
-    write_atomic(stack.lock_file, header + res.text)
-    check_lock_consistency(stack)
-    return stack.lock_file
 
 
 def check_lock_consistency(stack: Stack) -> None:
@@ -287,28 +201,6 @@ def build_backend_python(root: Path | None = None) -> str:
 def build_backend_inputs_hash(root: Path | None = None) -> str:
     payload = {"python": build_backend_python(root), "platform": "universal", "requirements": build_requirements(root)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def write_build_backend_lock(root: Path | None = None, *, upgrade: bool = False) -> Path:
-    """Resolve pyproject's build requirements (universal, hashed) into images/build-backend.lock, keeping the
-    committed pins that still fit, as write_lock does."""
-    path = build_backend_lock_file(root)
-    python = build_backend_python(root)
-    current = path.read_text() if path.is_file() and not upgrade else None
-    res = resolve(build_requirements(root), python, None, preferences=current)
-    if not res.ok:
-        raise LockError(f"pyproject.toml's [build-system] requires do not resolve for Python >= {python}:\n{res.text}",
-                        "change the build backend pin in pyproject.toml")
-    header = (
-        f"# rlstack-lock: lock=build-backend inputs={build_backend_inputs_hash(root)} python={python} "
-        "platform=universal\n"
-        "# Generated by 'invoke lock' from pyproject.toml's [build-system] requires. Do not edit.\n"
-        "# images/Dockerfile installs it with --require-hashes to build rlstack's wheel (no build isolation).\n"
-    )
-    write_atomic(path, header + res.text)
-    check_build_backend(root)
-    print(f"rlstack: wrote {path}", file=sys.stderr, flush=True)
-    return path
 
 
 def build_backend_is_fresh(root: Path | None = None) -> bool:

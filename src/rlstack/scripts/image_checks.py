@@ -5,7 +5,7 @@ training run hours later.
 This file runs by path (`python image_checks.py ...`) before rlstack itself is installed in the image,
 so it imports nothing but the standard library (torch only inside the function that checks it). That is
 why it keeps its own small copies of three helpers that have one home elsewhere in the project: the name
-normaliser (rlstack.core.pkgnames.normalize), the lock parser (rlstack.host.locks.parse_locked) and the
+normaliser (rlstack.core.pkgnames.normalize), the lock parser (rlstack.stacks.locks.parse_locked) and the
 reader of installed versions (rlstack.core.pkgnames.installed_versions). Keep them in step.
 """
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-# Mirrors rlstack.host.locks.ENTRY_RE (stdlib copy: see the module docstring).
+# Mirrors rlstack.stacks.locks.ENTRY_RE (stdlib copy: see the module docstring).
 PIN_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)(?P<marker>\s*;[^\\\n]*)?", re.M)
 # Installed by uv venv / the image itself, never part of a stack's lock.
 NOT_LOCKED = frozenset({"rlstack", "pip", "setuptools", "wheel"})
@@ -36,7 +36,7 @@ def base_version(version: str) -> str:
 
 def parse_lock(text: str) -> tuple[dict[str, str], set[str]]:
     """({package: version}, {packages whose pin carries an environment marker}). Stdlib copy of
-    rlstack.host.locks.parse_locked (versions and markers only; see the module docstring)."""
+    rlstack.stacks.locks.parse_locked (versions and markers only; see the module docstring)."""
     pins: dict[str, str] = {}
     conditional: set[str] = set()
     for m in PIN_RE.finditer(text):
