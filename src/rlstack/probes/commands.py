@@ -129,6 +129,8 @@ def probe_fp8(
     either stack are listed with whether their lock is still the stack's lock. The exit is non-zero when a
     probe of fp8 fails, or when a runtime row measured at fp8's current lock has a failing probe (except on a
     wall that rlstack's own probe setup caused and fixed after that row: listed, to be measured again)."""
+    from rlstack.matrix.runtime_rows import matrix_runtime_rows as runtime_rows_of
+    from rlstack.matrix.runtime_rows import render_runtime_rows
     from rlstack.probes import report as rep
     from rlstack.probes import suite
 
@@ -144,7 +146,7 @@ def probe_fp8(
                             fresh=fresh, cache=cache)
         new_f = pool.submit(suite.run, FP8_STACK, layers=layers, gpu_arch=gpu_arch, fresh=fresh, cache=cache)
         ref, new = ref_f.result(), new_f.result()
-    runtime_rows = rep.matrix_runtime_rows([ref, new])
+    runtime_rows = runtime_rows_of([ref, new])
     rc = 1 if new.failed or _runtime_failures(new.stack, runtime_rows) else 3 if new.undecided else 0
     if output:
         for r in (ref, new):
@@ -168,7 +170,7 @@ def probe_fp8(
             print()
         print(rep.walls_compared(ref, new))
         print()
-        print(rep.render_runtime_rows(runtime_rows, [FP8_REPORT_STACK, FP8_STACK]))
+        print(render_runtime_rows(runtime_rows, [FP8_REPORT_STACK, FP8_STACK]))
         print()
         print(_fp8_answer(ref, new, gpu_arch, runtime_rows))
     if suggest:

@@ -1,7 +1,7 @@
 """Hash-locked resolution with uv, for each stack's own platform (linux x86_64, its Python). What a lock is, how it
 is parsed and when it is stale are rlstack.stacks.locks'; this module runs uv and writes the files. It sits with
 the stack model, not on the host side, because the static probes resolve too (`resolve`, `--suggest`): uv is a
-process on this machine, not Docker (docs/decisions/0007-layers.md).
+process on this machine, not Docker (docs/decisions/0001-layers.md).
 
 Relocking changes only what must change: the committed lock is handed to uv as its preferred pins, so a pin
 that still satisfies the new inputs stays (with its hashes), and only what the change forces moves.
