@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rlstack.core.errors import LockError, RlstackError
@@ -113,6 +114,14 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     httpd.shutdown()
 
 
+def refuse_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request the probes send (http, https and file URLs alike) fails the test."""
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"network used: {request.url}")
+
+    monkeypatch.setattr(remote, "_CLIENT", httpx.Client(transport=httpx.MockTransport(refuse)))
+
+
 def _index(tmp: Path, monkeypatch: pytest.MonkeyPatch, base_url: str, files: list[Path],
            metadata: dict[str, bytes] | None = None) -> None:
     """A PEP 691 index served by the test server at `base_url`/simple, whose file URLs point at `base_url`."""
@@ -153,7 +162,7 @@ def test_members_are_range_read_checked_and_cached(server: tuple[str, Path, bool
         assert cache.downloaded == [w.name] and w.name in remote.TRAFFIC.whole_wheels
     src.close()
     # warm: a new cache object reads the member without the network
-    monkeypatch.setattr(remote, "http_get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network used")))
+    refuse_network(monkeypatch)
     again = WheelCache(root=tmp_path / "wheels", quiet=True).open(LockedPackage("pkg", "1.0", frozenset({digest})), PY,
                                                                    PLAT)
     assert SourceSet({"pkg": again}).read("pkg", "pkg/a.py") == "Y = 2\n"
@@ -310,13 +319,13 @@ def test_one_listing_per_package_when_two_stacks_ask_at_once(server: tuple[str, 
     w = make_wheel(root / "pkg-1.0-py3-none-any.whl", {"pkg/__init__.py": b""})
     _index(tmp_path, monkeypatch, url, [w])
     seen: list[str] = []
-    real = remote.http_get
+    real = httpx.HTTPTransport()
 
-    def counting(u: str, **kw: object) -> tuple[int, dict[str, str], bytes]:
-        seen.append(u)
-        return real(u, **kw)  # type: ignore[arg-type]
+    def counting(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return real.handle_request(request)
 
-    monkeypatch.setattr(remote, "http_get", counting)
+    monkeypatch.setattr(remote, "_CLIENT", httpx.Client(transport=httpx.MockTransport(counting)))
     cache = WheelCache(root=tmp_path / "wheels", quiet=True)
     digest = hashlib.sha256(w.read_bytes()).hexdigest()
     pins = [LockedPackage("pkg", "1.0", frozenset({digest}))] * 4
@@ -346,3 +355,57 @@ def test_a_lost_dns_answer_costs_the_hedge_not_the_resolvers_timeout(monkeypatch
     assert time.perf_counter() - t0 < 2 and len(calls) == 2
     assert remote._resolve("files.example", 443) and len(calls) == 2  # cached
     stuck.set()
+
+
+def test_connections_look_hosts_up_through_the_hedged_resolver(server: tuple[str, Path, bool],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared client connects to the addresses _resolve found (a name only it knows reaches the server), and
+    TRAFFIC counts the request."""
+    url, root, _ = server
+    (root / "hello.txt").write_bytes(b"hello")
+    port = int(url.rsplit(":", 1)[1])
+    monkeypatch.setattr(remote, "_DNS", {("probe-host.invalid", port): [(2, 1, 6, "", ("127.0.0.1", port))]})
+    monkeypatch.setattr(remote, "_CLIENT", None)  # a client of its own, closed below
+    before = (remote.TRAFFIC.requests, remote.TRAFFIC.bytes)
+    try:
+        assert remote.http_get(f"http://probe-host.invalid:{port}/hello.txt")[::2] == (200, b"hello")
+    finally:
+        if remote._CLIENT is not None:
+            remote._CLIENT.close()
+    assert (remote.TRAFFIC.requests - before[0], remote.TRAFFIC.bytes - before[1]) == (1, 5)
+
+
+def test_a_dropped_connection_is_tried_again_and_a_dead_network_says_what_to_do(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """A keep-alive connection the server closed fails its next request: the request is sent again. When every
+    try fails the error names the URL and the way out, and is still an OSError (the network's kind of failure)."""
+    tries: list[str] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        tries.append(str(request.url))
+        if len(tries) < remote.ATTEMPTS or "dead" in str(request.url):
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(206, headers={"Content-Range": "bytes 0-1/10"}, content=b"ab")
+
+    monkeypatch.setattr(remote, "_CLIENT", httpx.Client(transport=httpx.MockTransport(flaky)))
+    assert remote.http_get("https://files.example/ok.whl", start=0, end=1) == (
+        206, {"content-range": "bytes 0-1/10", "content-length": "2"}, b"ab")
+    assert len(tries) == remote.ATTEMPTS
+    tries.clear()
+    with pytest.raises(remote.FetchError) as err:
+        remote.http_get("https://files.example/dead.whl")
+    assert "cannot fetch https://files.example/dead.whl: RemoteProtocolError" in err.value.message
+    assert "RLSTACK_CACHE" in (err.value.hint or "")
+    assert len(tries) == remote.ATTEMPTS and isinstance(err.value, OSError)
+
+
+def test_file_urls_are_served_like_an_index_serves_them(tmp_path: Path) -> None:
+    """Byte ranges (a suffix, an open end, past the end) as a server answers them, the whole file, and 404."""
+    f = tmp_path / "a b.whl"
+    f.write_bytes(b"0123456789")
+    u = f.as_uri()
+    assert remote.http_get(u, start=-3) == (206, {"content-range": "bytes 7-9/10", "content-length": "3"}, b"789")
+    assert remote.http_get(u, start=8)[2] == b"89"
+    assert remote.http_get(u, start=2, end=20)[::2] == (206, b"23456789")
+    assert remote.http_get(u)[::2] == (200, b"0123456789")
+    assert remote.http_get((tmp_path / "none.whl").as_uri())[0] == 404

@@ -10,9 +10,10 @@ import urllib.parse
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
-from rlstack.probes import toolchain, wheels
+from rlstack.probes import remote, toolchain, wheels
 from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, wheel_score
 from rlstack.stacks.locks import LockedPackage, parse_locked
 
@@ -55,7 +56,7 @@ def test_parse_locked_keeps_every_hash() -> None:
 
 def _local_index(tmp: Path, monkeypatch: pytest.MonkeyPatch, files: list[Path], served: dict[str, bytes] | None = None
                  ) -> None:
-    """An index served from disk through file:// URLs (urllib reads them like https)."""
+    """An index served from disk through file:// URLs (rlstack.probes.remote serves them like https)."""
     idx = tmp / "index" / "pkg"
     idx.mkdir(parents=True)
     entries = [{"filename": f.name, "url": f.as_uri(), "hashes": {"sha256": hashlib.sha256(f.read_bytes()).hexdigest()}}
@@ -86,7 +87,8 @@ def test_fetch_verifies_hash_picks_platform_and_then_works_offline(tmp_path: Pat
     assert got.name == good.name and cache.downloaded == [good.name]
     assert SourceSet({"pkg": got}).read("pkg", "pkg/__init__.py") == "X = 1\n"
     # warm: no network needed at all
-    monkeypatch.setattr(wheels, "_get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network used")))
+    refuse = httpx.MockTransport(lambda request: (_ for _ in ()).throw(AssertionError(f"network used: {request.url}")))
+    monkeypatch.setattr(remote, "_CLIENT", httpx.Client(transport=refuse))  # every URL the probes fetch, file:// too
     monkeypatch.setattr(wheels, "_listing", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network used")))
     assert WheelCache(root=tmp_path / "wheels", quiet=True).fetch(LockedPackage("pkg", "1.0", hashes), PY, PLAT) == got
 

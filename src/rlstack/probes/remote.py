@@ -12,14 +12,17 @@ When a server answers a range request with the whole file (HTTP 200), ranges are
 falls back to downloading the wheel (sha256-checked as before) and says so. `TRAFFIC` counts requests and
 bytes for the benchmark.
 
+HTTP itself is httpx's: one client for the process (keep-alive connections shared by every thread, redirects,
+gzip, timeouts, TLS against the machine's CA bundle). What stays here is what httpx does not know about:
+ranges as a seekable file, RECORD checks, the member cache, traffic accounting, retries whose error says
+what to do next, and a hedged DNS lookup. httpx is imported where it is used: importing it costs 0.3 s.
+
 Members are cached on disk under the wheel's sha256, so a warm run opens no connection at all.
 """
 
 from __future__ import annotations
 
-import gzip as _gzip
 import hashlib
-import http.client
 import io
 import json
 import os
@@ -33,21 +36,35 @@ import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rlstack.core import wheelrecord
 from rlstack.core.errors import RlstackError
+
+if TYPE_CHECKING:
+    import httpx
 
 MIN_FETCH = 64 * 1024  # one round trip covers a local header, its name and most source files
 BIG_MEMBER = 4 * 1024 * 1024  # larger members (shared libraries) are not kept on disk: facts from them are
 FETCH_CHUNK = 1024 * 1024  # prefetch splits spans into requests of this size, run on PARALLEL connections:
 TAIL = 512 * 1024  # the first request: a wheel's end, which holds its central directory and usually RECORD
 PARALLEL = 6  # a CDN edge that has to fetch a part from its origin serves each connection slowly
+TIMEOUT_S = 120.0  # connect, and each read of a response: a cold CDN edge can be slow, a dead one is not waited on
+ATTEMPTS = 3  # tries of one request when the network fails
+KEEP_IDLE = 64  # idle connections kept for reuse: the suite reads 8 wheels at once, PARALLEL connections each
+OFFLINE_HINT = ("check the network (the index, PyPI or RLSTACK_INDEX_URL, must be reachable), or run where the "
+                "wheel cache (RLSTACK_CACHE) is already warm")
 
 
 class RangesRefused(RlstackError):
     """The server sent the whole file for a range request: read the wheel whole instead."""
+
+
+class FetchError(RlstackError, OSError):
+    """A request that failed on the network ATTEMPTS times, with what to do next. An OSError as well, as the
+    socket errors it replaces were: callers that treat the network as one kind of failure still do."""
 
 
 @dataclass
@@ -60,10 +77,14 @@ class Traffic:
     refused: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, requests: int = 1) -> None:
         with self.lock:
-            self.requests += 1
+            self.requests += requests
             self.bytes += n
+
+    def count(self, resp: httpx.Response) -> None:
+        """A response read whole, and the redirects before it (httpx followed them), as they went on the wire."""
+        self.add(sum(r.num_bytes_downloaded for r in (*resp.history, resp)), 1 + len(resp.history))
 
     def as_dict(self) -> dict[str, object]:
         return {"requests": self.requests, "bytes": self.bytes, "whole_wheels": list(self.whole_wheels),
@@ -71,8 +92,20 @@ class Traffic:
 
 
 TRAFFIC = Traffic()
-_IDLE: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}
-_IDLE_LOCK = threading.Lock()
+
+
+def ssl_context() -> ssl.SSLContext:
+    """TLS verified against the machine's CA bundle where one is set (rlstack.stacks.settings)."""
+    from rlstack.stacks import settings
+
+    ca = settings.ca_cert()
+    return _context(str(ca) if ca and ca.is_file() else None)
+
+
+@lru_cache(maxsize=4)
+def _context(cafile: str | None) -> ssl.SSLContext:
+    """One SSLContext per CA bundle for the process: loading a bundle costs tens of milliseconds of CPU."""
+    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
 DNS_HEDGE_S = 1.0  # a lookup not answered by then is sent again (see _resolve)
@@ -84,7 +117,8 @@ def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
     """getaddrinfo, once per host for the process, hedged: the resolver here loses about one answer in 30 and
     then waits its 5 s timeout before asking again (measured: a cold probe-fp8 took 7 s instead of 3 when a
     connection hit it). A lookup still unanswered after DNS_HEDGE_S is sent again and the first answer wins;
-    TLS still verifies the certificate against the host name."""
+    TLS still verifies the certificate against the host name. Ours because neither httpx nor httpcore caches
+    or hedges lookups: each new connection asks the resolver again."""
     key = (host, port)
     with _DNS_LOCK:
         if key in _DNS:
@@ -114,110 +148,122 @@ def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
     return got
 
 
-def _create_connection(address: tuple[str, int], timeout: Any = socket._GLOBAL_DEFAULT_TIMEOUT,  # type: ignore[attr-defined]
-                       source_address: tuple[str, int] | None = None) -> socket.socket:
-    """socket.create_connection over _resolve's cached, hedged lookup (what http.client calls to connect)."""
-    host, port = address
-    error: OSError | None = None
-    for family, kind, proto, _, sockaddr in _resolve(host, port):
-        sock = socket.socket(family, kind, proto)
+def _serve_file(request: httpx.Request) -> httpx.Response:
+    """A file:// URL (a local mirror's wheels, the tests' wheels) answered as a server answers: a byte range
+    with 206 and Content-Range, else the whole file; 404 when there is no such file. httpx speaks http(s) only."""
+    import httpx
+
+    try:
+        data = Path(urllib.parse.unquote(request.url.raw_path.decode())).read_bytes()
+    except FileNotFoundError:
+        return httpx.Response(404)
+    spec = request.headers.get("range", "").removeprefix("bytes=")
+    if not spec:
+        return httpx.Response(200, content=data)
+    lo_s, _, hi_s = spec.partition("-")
+    lo = max(0, len(data) - int(hi_s)) if not lo_s else int(lo_s)
+    hi = len(data) - 1 if not lo_s or not hi_s else min(int(hi_s), len(data) - 1)
+    return httpx.Response(206, headers={"Content-Range": f"bytes {lo}-{hi}/{len(data)}"}, content=data[lo: hi + 1])
+
+
+def _new_client() -> httpx.Client:
+    """An httpx client whose connections resolve host names through _resolve. httpx takes no DNS hook, so its
+    transport's connection pool is replaced by httpcore's own pool over a network backend that connects to the
+    addresses _resolve found (httpx's `_pool` is its one private name used here)."""
+    import httpcore
+    import httpx
+
+    class HedgedDNS(httpcore.SyncBackend):
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                        socket_options: Any = None) -> httpcore.NetworkStream:
+            try:
+                addresses = _resolve(host, port)
+            except OSError as exc:
+                raise httpcore.ConnectError(f"cannot look up {host}: {exc}") from exc
+            error: httpcore.ConnectError | None = None
+            for *_, sockaddr in addresses:
+                try:
+                    return super().connect_tcp(sockaddr[0], port, timeout, local_address, socket_options)
+                except httpcore.ConnectError as exc:
+                    error = exc
+            raise error or httpcore.ConnectError(f"cannot connect to {host}:{port}")
+
+    ctx = ssl_context()
+    transport = httpx.HTTPTransport(verify=ctx)
+    transport._pool = httpcore.ConnectionPool(  # no cap on connections; idle ones kept until the server closes them
+        ssl_context=ctx, max_connections=None, max_keepalive_connections=KEEP_IDLE, network_backend=HedgedDNS())
+    files = httpx.MockTransport(_serve_file)  # httpx's transport over a function, despite its name
+    return httpx.Client(transport=transport, mounts={"file://": files}, verify=ctx,
+                        timeout=TIMEOUT_S, follow_redirects=True,  # identity: ranges are offsets into the stored file
+                        headers={"User-Agent": "rlstack-probes", "Accept-Encoding": "identity"})
+
+
+_CLIENT: httpx.Client | None = None  # tests put one over httpx.MockTransport here
+_CLIENT_LOCK = threading.Lock()
+
+
+def client() -> httpx.Client:
+    """The process's one client: a TLS handshake costs more round trips than a small member's bytes, and the
+    probes' thread pools come and go (each prefetch has its own), so connections are shared by the process."""
+    global _CLIENT
+    with _CLIENT_LOCK:
+        if _CLIENT is None:
+            _CLIENT = _new_client()
+        return _CLIENT
+
+
+def _send(url: str, headers: dict[str, str], *, stream: bool = False, timeout: float = TIMEOUT_S) -> httpx.Response:
+    """One GET through the shared client, tried ATTEMPTS times when the network fails: a keep-alive connection
+    that the server closed while it sat idle fails its next request (httpx's own `retries` covers only
+    connecting). A file:// URL is named with its host (RFC 8089's 'localhost'): httpx reads one without a host
+    as a relative URL."""
+    import httpx
+
+    c = client()
+    target = "file://localhost/" + url.removeprefix("file:///") if url.startswith("file:///") else url
+    error: Exception | None = None
+    for _ in range(ATTEMPTS):
         try:
-            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:  # type: ignore[attr-defined]
-                sock.settimeout(timeout)
-            if source_address:
-                sock.bind(source_address)
-            sock.connect(sockaddr)
-            return sock
-        except OSError as exc:
+            return c.send(c.build_request("GET", target, headers=headers, timeout=timeout), stream=stream)
+        except (httpx.TransportError, OSError) as exc:
             error = exc
-            sock.close()
-    raise error or OSError(f"cannot connect to {host}:{port}")
-
-
-def _connection(scheme: str, host: str, ctx_factory: Callable[[], ssl.SSLContext]) -> http.client.HTTPConnection:
-    """An idle persistent connection to (scheme, host), or a new one: a TLS handshake costs more round trips
-    than a small member's bytes, and the probes' thread pools come and go (each fetch_sources and prefetch
-    has its own), so connections are shared by the process, not kept per thread. Give it back with _release
-    after a response was read whole."""
-    with _IDLE_LOCK:
-        idle = _IDLE.get((scheme, host))
-        if idle:
-            return idle.pop()
-    conn: http.client.HTTPConnection
-    if scheme == "https":
-        conn = http.client.HTTPSConnection(host, timeout=120, context=ctx_factory())
-    else:
-        conn = http.client.HTTPConnection(host, timeout=120)
-    conn._create_connection = _create_connection  # type: ignore[attr-defined]
-    return conn
-
-
-def _release(scheme: str, host: str, conn: http.client.HTTPConnection) -> None:
-    with _IDLE_LOCK:
-        _IDLE.setdefault((scheme, host), []).append(conn)
-
-
-def _drop_idle(scheme: str, host: str) -> None:
-    with _IDLE_LOCK:
-        idle = _IDLE.pop((scheme, host), [])
-    for c in idle:
-        c.close()
+    raise FetchError(f"cannot fetch {url}: {type(error).__name__}: {error}", OFFLINE_HINT) from error
 
 
 def http_get(url: str, *, start: int | None = None, end: int | None = None, accept: str | None = None,
-             ctx_factory: Callable[[], ssl.SSLContext] | None = None, gzip: bool = False
-             ) -> tuple[int, dict[str, str], bytes]:
-    """GET url (bytes start..end inclusive when given; start<0 = the last -start bytes). Follows redirects;
-    retries once on a connection the server closed. file:// URLs read the local file (ranges honoured).
-    `gzip`: accept a gzip-encoded body (never with ranges: those are offsets into the file) and return it
-    decoded; TRAFFIC counts the bytes on the wire."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "file":
-        data = Path(urllib.parse.unquote(parts.path)).read_bytes()
-        if start is None:
-            TRAFFIC.add(len(data))
-            return 200, {"content-length": str(len(data))}, data
-        lo = max(0, len(data) + start) if start < 0 else start
-        hi = len(data) - 1 if end is None or start < 0 else min(end, len(data) - 1)
-        body = data[lo: hi + 1]
-        TRAFFIC.add(len(body))
-        return 206, {"content-range": f"bytes {lo}-{hi}/{len(data)}"}, body
-    from rlstack.probes.wheels import ssl_context
-
-    headers = {"User-Agent": "rlstack-probes",
-               "Accept-Encoding": "gzip" if gzip and start is None else "identity"}
+             gzip: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers with lower-case names, body) of GET url; bytes start..end inclusive when given (start<0:
+    the last -start bytes). `gzip`: accept a gzip-encoded body (never with ranges: those are offsets into the
+    file), returned decoded; TRAFFIC counts the bytes on the wire. Raises FetchError when the network fails."""
+    headers = {"Accept-Encoding": "gzip"} if gzip and start is None else {}
     if accept:
         headers["Accept"] = accept
     if start is not None:
-        headers["Range"] = f"bytes={start}-" if start < 0 or end is None else f"bytes={start}-{end}"
-        if start < 0:
-            headers["Range"] = f"bytes={start}"
-    for attempt in range(3):
-        conn = _connection(parts.scheme, parts.netloc, ctx_factory or ssl_context)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        try:
-            conn.request("GET", path, headers=headers)
-            resp = conn.getresponse()
-            body = resp.read()
-        except (http.client.HTTPException, OSError):
-            conn.close()  # a connection the server closed while idle: its idle peers likely are closed too,
-            _drop_idle(parts.scheme, parts.netloc)  # so the retry opens a fresh one
-            if attempt == 2:
-                raise
-            continue
-        if resp.will_close:
-            conn.close()
-        else:
-            _release(parts.scheme, parts.netloc, conn)
-        got = {k.lower(): v for k, v in resp.getheaders()}
-        TRAFFIC.add(len(body))
-        if resp.status in (301, 302, 303, 307, 308) and "location" in got:
-            return http_get(urllib.parse.urljoin(url, got["location"]), start=start, end=end, accept=accept,
-                            ctx_factory=ctx_factory, gzip=gzip)
-        if got.get("content-encoding", "").lower() == "gzip":
-            body = _gzip.decompress(body)
-        return resp.status, got, body
-    raise OSError(f"cannot fetch {url}")  # pragma: no cover - the loop returns or raises
+        headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-{'' if end is None else end}"
+    resp = _send(url, headers)
+    TRAFFIC.count(resp)
+    return resp.status_code, dict(resp.headers), resp.content
+
+
+def download(url: str, out: IO[bytes], *, timeout: float = 300) -> str:
+    """Stream url's body into `out` (a whole wheel: hundreds of MB, never held in memory) and return its sha256
+    (hex). Raises FetchError when the network fails or the server answers other than 200."""
+    import httpx
+
+    h = hashlib.sha256()
+    resp = _send(url, {}, stream=True, timeout=timeout)
+    try:
+        if resp.status_code != 200:
+            raise FetchError(f"cannot fetch {url}: HTTP {resp.status_code}", OFFLINE_HINT)
+        for chunk in resp.iter_bytes(1 << 22):
+            h.update(chunk)
+            out.write(chunk)
+    except httpx.TransportError as exc:
+        raise FetchError(f"cannot fetch {url}: {type(exc).__name__}: {exc}", OFFLINE_HINT) from exc
+    finally:
+        resp.close()
+        TRAFFIC.count(resp)
+    return h.hexdigest()
 
 
 class RangeFile(io.RawIOBase):

@@ -10,14 +10,15 @@ names one file forever, so a warm cache needs no network at all.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
-import ssl
 import sys
 import threading
-import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -98,32 +99,28 @@ def wheel_score(filename: str, python: str, platform: str) -> tuple[int, ...] | 
     return (*max(scores), build[0] if build else 0)
 
 
-def ssl_context() -> ssl.SSLContext:
-    """TLS verified against the machine's CA bundle where one is set (rlstack.stacks.settings)."""
-    from rlstack.stacks import settings
-
-    ca = settings.ca_cert()
-    return _context(str(ca) if ca and ca.is_file() else None)
+def _offline(message: str) -> WheelError:
+    """A failure to reach the index, with the way to work without it."""
+    return WheelError(message, "check the network (PyPI) or warm the cache on a machine that has it "
+                               f"(RLSTACK_CACHE={cache_dir()})")
 
 
-@lru_cache(maxsize=4)
-def _context(cafile: str | None) -> ssl.SSLContext:
-    """One SSLContext per CA bundle for the process: loading a bundle costs tens of milliseconds of CPU, and a
-    cold probe opens a connection per thread and host."""
-    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
-
-
-_ssl_context = ssl_context
-
-
-def _get(url: str, accept: str | None = None, timeout: float = 60) -> Any:
-    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+def _index_get(url: str, accept: str | None = None) -> tuple[dict[str, str], bytes]:
+    """(headers, body) of a page of the index, over the probes' shared keep-alive client (rlstack.probes.remote:
+    no TLS handshake per package) and gzip-compressed on the wire (torch's listing is megabytes of JSON)."""
     try:
-        return urllib.request.urlopen(req, timeout=timeout, context=_ssl_context())
-    except OSError as exc:
-        raise WheelError(f"cannot fetch {url}: {exc}",
-                         "check the network (PyPI) or warm the cache on a machine that has it "
-                         f"(RLSTACK_CACHE={cache_dir()})") from None
+        status, headers, body = remote.http_get(url, accept=accept, gzip=True)
+    except remote.FetchError as exc:
+        raise _offline(exc.message) from None
+    if status != 200:
+        raise _offline(f"cannot fetch {url}: HTTP {status}")
+    return headers, body
+
+
+@contextmanager
+def _get(url: str, accept: str | None = None) -> Iterator[io.BytesIO]:
+    """An index page as a file to read (suggest reads the versions a package has with it)."""
+    yield io.BytesIO(_index_get(url, accept)[1])
 
 
 def _lists(files: list[dict[str, object]], version: str, hashes: frozenset[str]) -> bool:
@@ -133,18 +130,8 @@ def _lists(files: list[dict[str, object]], version: str, hashes: frozenset[str])
 
 
 def _listing(url: str) -> dict[str, Any]:
-    """A PEP 691 JSON listing, over the probes' persistent connections (rlstack.probes.remote: no TLS
-    handshake per package) and gzip-compressed on the wire (torch's listing is megabytes of JSON)."""
-    try:
-        status, headers, body = remote.http_get(url, accept="application/vnd.pypi.simple.v1+json", gzip=True)
-    except OSError as exc:
-        raise WheelError(f"cannot fetch {url}: {exc}",
-                         "check the network (PyPI) or warm the cache on a machine that has it "
-                         f"(RLSTACK_CACHE={cache_dir()})") from None
-    if status != 200:
-        raise WheelError(f"cannot fetch {url}: HTTP {status}",
-                         "check the network (PyPI) or warm the cache on a machine that has it "
-                         f"(RLSTACK_CACHE={cache_dir()})")
+    """A PEP 691 JSON listing."""
+    headers, body = _index_get(url, "application/vnd.pypi.simple.v1+json")
     try:
         data = json.loads(body)
     except ValueError:
@@ -350,17 +337,15 @@ class WheelCache:
         tmp = path.with_name(path.name + f".{os.getpid()}.part")
         if not self.quiet:
             print(f"rlstack: downloading {f['filename']}", file=sys.stderr, flush=True)
-        h = hashlib.sha256()
-        n = 0
-        with _get(str(f["url"]), timeout=300) as resp, tmp.open("wb") as out:
-            for chunk in iter(lambda: resp.read(1 << 22), b""):
-                h.update(chunk)
-                out.write(chunk)
-                n += len(chunk)
-        remote.TRAFFIC.add(n)
-        if h.hexdigest() != f["sha256"]:
+        try:
+            with tmp.open("wb") as out:
+                digest = remote.download(str(f["url"]), out)
+        except remote.FetchError as exc:
             tmp.unlink(missing_ok=True)
-            raise WheelError(f"{f['filename']}: sha256 {h.hexdigest()} is not the locked {f['sha256']}",
+            raise _offline(exc.message) from None
+        if digest != f["sha256"]:
+            tmp.unlink(missing_ok=True)
+            raise WheelError(f"{f['filename']}: sha256 {digest} is not the locked {f['sha256']}",
                              "the index served a different file than the lock names; do not use it")
         os.replace(tmp, path)
         self._mark(path, str(f["sha256"]))
