@@ -10,8 +10,6 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
 
   wall        generate() per new token: the whole decode loop as GRPO's rollout sees it
   replay      one replay of fastgen's captured CUDA graph of the decode step alone: its GPU work, nothing else
-  replay_fused  the graph the loop replays when the pick is captured with the step (sample_in_graph): step,
-              sampling, EOS bookkeeping, the next step's inputs (pick_in_graph_ms = the difference)
   loop        wall - the replayed graph: what runs between replays (with the pick outside the graph, sampling:
               `sampling`, timed apart as the eager calls it is; `pick_parts`: its top-k threshold, the other
               warpers, and the draw, each replayed as a graph). With attend_bucket the loop
@@ -246,7 +244,8 @@ def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul", tuni
     import torch
 
     from rlstack.payload.fastgen import split_attention
-    from rlstack.payload.fastgen.engine import SLOT_KWARG, TUNING_KWARG, gqa_decode_attention
+    from rlstack.payload.fastgen.attention import gqa_decode_attention
+    from rlstack.payload.fastgen.keywords import SLOT_KWARG, TUNING_KWARG
 
     dev, dt = common.DEVICE, torch.bfloat16
     nh, nkv, hd, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
@@ -271,12 +270,11 @@ def time_attention(cfg: Any, batch: int, length: int, kind: str = "matmul", tuni
 def time_sampling(eng: Any, cfg: Any, batch: int, cache_len: int, sampling: Any) -> float:
     """fastgen's pick of one step (the recipe's warpers on float32 logits over the whole vocabulary, the draw,
     EOS bookkeeping, the next inputs), call by call, launches included, as the engine runs it (eager, or through
-    inductor with compile_pick): what the loop runs between two replays where the pick is not in the graph
-    (sample_in_graph off, or its capture failed). On a scratch loop state, so the engine's own stays as the run
-    left it."""
+    draw="triton"'s kernels): what the loop runs between two replays. On a scratch loop state, so the
+    engine's own stays as the run left it."""
     import torch
 
-    from rlstack.payload.fastgen.engine import _Loop
+    from rlstack.payload.fastgen.sampling import _Loop
 
     loop = _Loop.new(batch, cache_len, common.DEVICE)
     logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
@@ -333,7 +331,7 @@ def time_kernel_draw(logits: Any, sampling: Any, invalid: Any) -> dict[str, Any]
 
 
 def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, Any]:
-    """The pick's GPU work split, each part replayed as a graph (what sample_in_graph's replay holds): the top-k
+    """The pick's GPU work split, each part replayed as a graph (as a captured pick would hold them): the top-k
     threshold alone (torch.topk over the whole vocabulary, one row per sequence), the warpers (the top-k among
     them), and the draw (Exp(1) noise over the vocabulary, its log, argmax; the softmax before it until
     2026-12-04). Why: the pick inside the graph cost 0.23 ms at 8 sequences and 0.47 at 64 on the H200
@@ -342,7 +340,7 @@ def time_pick_parts(cfg: Any, batch: int, sampling: Any) -> dict[str, Any]:
     which replace the warpers and the draw, see time_kernel_draw)."""
     import torch
 
-    from rlstack.payload.fastgen.engine import _draw, _warp
+    from rlstack.payload.fastgen.sampling import _draw, _warp
 
     logits = torch.randn(batch, cfg.vocab_size, device=common.DEVICE, dtype=torch.float32)
     invalid = torch.zeros(batch, dtype=torch.bool, device=common.DEVICE)
@@ -488,11 +486,10 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     cache_len = next((k[1] for k in eng._caches if k[0] == batch), None)  # the bucketed static cache length
     row: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "cache_len": cache_len,
                            "wall_ms": round(wall, 4), "compile_error": eng.compile_error,
-                           "graph_error": eng.graph_error, "pick_error": eng.pick_error,
+                           "graph_error": eng.graph_error,
                            "fastgen_describe": eng.describe()}
     # the graph over the whole cache (with attend_bucket, the one of the generation's last read length)
     entry = eng._graphs.get((batch, cache_len, cache_len)) if cache_len else None
-    fused = eng._fused.get((batch, cache_len, cache_len, sampling)) if cache_len else None
     if entry is not None and cache_len:
         start = replay_start(prompt_len, new_tokens, cache_len, eng.decode_attention == "triton")
         row["replay_from_slot"] = start
@@ -506,21 +503,14 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
             row["replay_by_read"] = {str(r): ms for r, ms in by_read.items()}
             row["replay_mean_ms"] = used = round(replay_mean(by_read, eng.read_length, prompt_len, new_tokens,
                                                              cache_len), 4)
-        if fused is not None:  # the graph the loop replays: the step and the pick (sample_in_graph)
-            row["replay_fused_ms"] = round(time_replays(fused, rewind, room), 4)
-            row["pick_in_graph_ms"] = round(row["replay_fused_ms"] - row["replay_ms"], 4)
-            used = row["replay_fused_ms"]
         row["loop_ms"] = round(wall - used, 4)
         try:
             row["kernels_per_step"], row["top_kernels"] = kernels_per_replay(entry[0], rewind, min(3, room))
-            if fused is not None:
-                row["kernels_per_fused_step"] = kernels_per_replay(fused, rewind, min(3, room))[0]
         except Exception as exc:  # the profiler is optional evidence, the timings are not
             row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
         rewind()
     else:
         row["replay_note"] = "no captured graph (CPU, or capture failed: graph_error)"
-    row["fused_error"] = eng.fused_error
     row["fused_gemms_saved"] = eng.fused_gemms_saved  # fuse_projections: GEMMs a step no longer launches
     row["sampling_ms"] = round(time_sampling(eng, cfg, batch, cache_len or prompt_len + new_tokens, sampling), 4)
     row["pick_parts"] = once(("pick", batch, sampling), lambda: time_pick_parts(cfg, batch, sampling))
@@ -571,8 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=16 if common.SMOKE else 512)
     ap.add_argument("--reps", type=int, default=2 if common.SMOKE else 3, help="timed generate calls per batch")
     common.add_engine_option(ap, "for an A/B in the same lease, recorded in the results: e.g. "
-                                 "compile_mode=max-autotune-no-cudagraphs (inductor's Triton GEMM templates against "
-                                 "cuBLAS at M = batch rows)")
+                                 "decode_attention=matmul or prefill_once=false")
     ap.add_argument("--attention-lengths", default="",
                     help="cache lengths to time the attention over as well, e.g. 256,384,512,640,768: what a "
                          "length that follows the generation would read (each a compile and, at 64 sequences, "

@@ -343,8 +343,7 @@ def run_hf(res: Result, a: argparse.Namespace, batches: list[int], ceilings: dic
             plan = eng.last_plan
             return {"fastgen_plan_gib": plan.total / 2**30 if plan else None, "fastgen_patches": eng.patches[:3],
                     "fastgen_dtype": str(eng.dtype), "compile_error": eng.compile_error, "graph_error": eng.graph_error,
-                    "sample_in_graph": eng.sample_in_graph, "fused_error": eng.fused_error,
-                    "pick_error": eng.pick_error, "fused_gemms_saved": eng.fused_gemms_saved,
+                    "fused_gemms_saved": eng.fused_gemms_saved,
                     "prefilled_rows": eng.prefilled_rows,  # fewer than the batch: prefill_once served repeats
                     "fastgen_describe": eng.describe()}
     elif engine in SLOW_ENGINES:  # at the batches cmd_one chose (--slow-batches)

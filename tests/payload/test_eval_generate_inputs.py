@@ -177,7 +177,7 @@ def test_hf_eval_through_fastgen_compiles_one_shape_for_the_whole_set(tiny_model
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompts of different lengths in batches of 2 with a short last one: fastgen sees one (batch, cache length)
     (each distinct shape is a compile of the model on a GPU), and the texts are still transformers' generate's."""
-    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+    from rlstack.payload.fastgen.keywords import ENGINE_ATTR
     from rlstack.payload.train import loading
 
     model, tok = tiny_model
@@ -217,7 +217,7 @@ def test_hf_eval_fastgen_failure_falls_back_once(tiny_model: tuple[Any, Any], mo
     cfg.fastgen = True
     got, _, _, engine = gsm8k._generate_hf("tiny", None, cfg, QUESTIONS)
     assert got == ref and len(calls) == 1  # tried once, then transformers' generate for every batch
-    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+    from rlstack.payload.fastgen.keywords import ENGINE_ATTR
 
     assert ENGINE_ATTR not in vars(model)  # dropped: its memory is the fallback's
     assert engine.startswith("transformers@cpu+fastgen-fell-back (RuntimeError: CUDA graph capture failed")
@@ -236,7 +236,7 @@ def test_hf_eval_with_fastgens_reference_kernels_gives_the_same_tokens_and_says_
         tiny_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`rlstack eval --fastgen --reference-kernels`: the engine decodes through the model itself (no shadow), the
     texts are transformers' generate's, and the label and the stderr line name the path."""
-    from rlstack.payload.fastgen.engine import ENGINE_ATTR
+    from rlstack.payload.fastgen.keywords import ENGINE_ATTR
     from rlstack.payload.train import loading
 
     model, tok = tiny_model

@@ -177,7 +177,7 @@ def test_min_new_tokens_masks_eos_like_generate_then_lets_it_stop() -> None:
 
 
 def test_the_device_tensor_eos_mask_equals_the_step_by_step_one() -> None:
-    from rlstack.payload.fastgen.engine import Sampling, _mask_eos_before_min
+    from rlstack.payload.fastgen.sampling import Sampling, _mask_eos_before_min
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
     sampling = Sampling(eos_token_ids=(7, 11), min_new_tokens=3)
@@ -234,7 +234,8 @@ def test_gqa_decode_attention_matches_repeat_kv_sdpa(mask_kind: str, read: int |
     equals attending over all of them with the rest masked out."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from rlstack.payload.fastgen.engine import READ_KWARG, gqa_decode_attention
+    from rlstack.payload.fastgen.attention import gqa_decode_attention
+    from rlstack.payload.fastgen.keywords import READ_KWARG
 
     g = torch.Generator().manual_seed(9)
     b, h, kv, d, length = 3, 8, 2, 16, 40
@@ -342,7 +343,7 @@ def test_unpatched_modeling_modules_are_not_reported_as_patched() -> None:
     from transformers.models.llama import modeling_llama
     from transformers.models.qwen3 import modeling_qwen3
 
-    from rlstack.payload.fastgen.engine import patched_members, shadow_class
+    from rlstack.payload.fastgen.shadow import patched_members, shadow_class
 
     assert patched_members(modeling_qwen3) == [] and patched_members(modeling_llama) == []
     assert shadow_class(transformers.Qwen3ForCausalLM) == (transformers.Qwen3ForCausalLM, [])
@@ -394,7 +395,7 @@ def test_any_exception_falls_back_once_for_the_rest_of_the_run(monkeypatch, caps
 
 def test_a_shadow_that_cannot_be_built_is_not_rebuilt_every_step(monkeypatch) -> None:
     """Before: get_engine stored nothing when the build failed, so every GRPO step rebuilt it and failed again."""
-    from rlstack.payload.fastgen import engine as engine_mod
+    from rlstack.payload.fastgen import shadow as shadow_mod
 
     model = peft.get_peft_model(_tiny(17), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     ids, mask = _prompts(17)
@@ -402,9 +403,9 @@ def test_a_shadow_that_cannot_be_built_is_not_rebuilt_every_step(monkeypatch) ->
 
     def failing_init(self, *a, **k):
         builds.append(1)
-        raise engine_mod.FastgenError("fastgen: cannot map module model.foo of the shadow model", "")
+        raise shadow_mod.FastgenError("fastgen: cannot map module model.foo of the shadow model", "")
 
-    monkeypatch.setattr(engine_mod._Shadow, "__init__", failing_init)
+    monkeypatch.setattr(shadow_mod._Shadow, "__init__", failing_init)
     fastgen.install(model, compile=False)
     gc = _trl_generation_config(4)
     for _ in range(3):
@@ -559,59 +560,16 @@ def test_a_failed_compile_is_said_even_where_unsloth_silences_dynamo(monkeypatch
     assert torch.equal(ref, got)
 
 
-def _compile_with(monkeypatch, pick_backend):
-    """torch.compile as the engine calls it, with stand-in backends (inductor needs a C++ toolchain here): the step
-    through aot_eager (functionalized, then eager kernels), the pick through ``pick_backend``."""
-    from rlstack.payload.fastgen.engine import FastGenerator
-
+def _compile_with(monkeypatch, backend="aot_eager"):
+    """torch.compile as the engine calls it, with a stand-in backend (inductor needs a C++ toolchain here): the
+    step through aot_eager (functionalized, then eager kernels) by default."""
     real_compile = torch.compile
 
     def compile_(fn, **kw):
-        return real_compile(fn, backend=pick_backend if fn is FastGenerator._pick else "aot_eager", dynamic=False)
+        return real_compile(fn, backend=backend, dynamic=False)
 
     monkeypatch.setattr(torch, "compile", compile_)
     torch._dynamo.reset()
-
-
-@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "seeded-sampling"])
-def test_a_compiled_pick_gives_generates_tokens(monkeypatch, do_sample: bool) -> None:
-    """compile_pick: the pick traced by dynamo and functionalized by AOT autograd (its in-place updates of the
-    loop state, its draw from the global generator) gives generate's exact tokens, greedy and seeded."""
-    model = peft.get_peft_model(_tiny(31), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
-    model.eval()
-    ids, mask = _prompts(31)
-    kw = {"do_sample": True, "top_k": 50} if do_sample else {"do_sample": False}
-    torch.manual_seed(4)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0, **kw)
-    _compile_with(monkeypatch, "aot_eager")
-    torch.manual_seed(4)
-    got = fastgen.generate(model, ids, mask, 10, pad_token_id=0, compile=True, compile_pick=True, **kw)
-    engine = fastgen.get_engine(model)
-    assert engine._pick_ok and engine.pick_error is None and "pick compiled" in engine.describe()
-    assert torch.equal(ref, got)
-
-
-def test_a_pick_that_fails_to_compile_is_said_and_picked_eagerly(monkeypatch) -> None:
-    """The compiled pick's first call raises (a stand-in backend): the loop state is set back, pick_error says
-    why, and the eager pick gives generate's tokens, from that call on."""
-    model = _tiny(32)
-    ids, mask = _prompts(32)
-    torch.manual_seed(6)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=True, top_k=20,
-                         pad_token_id=0)
-
-    def no_pick(gm, example_inputs):
-        raise RuntimeError("no kernel for the pick")
-
-    _compile_with(monkeypatch, no_pick)
-    torch.manual_seed(6)
-    with torch._dynamo.config.patch(suppress_errors=True):  # as Unsloth sets it: the failure is said anyway
-        got = fastgen.generate(model, ids, mask, 8, do_sample=True, top_k=20, pad_token_id=0, compile=True,
-                               compile_pick=True)
-    engine = fastgen.get_engine(model)
-    assert engine.pick_error is not None and "no kernel for the pick" in engine.pick_error
-    assert engine._pick_compiled is None and "pick eager (its compile failed)" in engine.describe()
-    assert torch.equal(ref, got)
 
 
 # fuse_projections (rlstack.payload.fastgen.fused): the same tokens as generate, one GEMM per group in the
@@ -757,17 +715,18 @@ def test_attend_bucket_reads_the_filled_slots_and_decodes_what_generate_decodes(
     """attend_bucket: each decode step's attention reads the filled cache slots rounded up to the bucket, not the
     whole cache, and the tokens stay generate's (greedy, and seeded sampling: the masked tail contributed
     exp(-inf) = 0, so dropping it changes nothing but the reduction's length)."""
-    from rlstack.payload.fastgen import engine as engine_mod
+    from rlstack.payload.fastgen import attention as attention_mod
+    from rlstack.payload.fastgen.keywords import READ_KWARG
 
     reads: list[int] = []
-    own = engine_mod.gqa_decode_attention
+    own = attention_mod.gqa_decode_attention
 
     def spy(module, query, key, value, mask, *args, **kwargs):
         if query.shape[2] == 1 and module.layer_idx == 0:
-            reads.append(min(kwargs.get(engine_mod.READ_KWARG) or key.shape[2], key.shape[2]))
+            reads.append(min(kwargs.get(READ_KWARG) or key.shape[2], key.shape[2]))
         return own(module, query, key, value, mask, *args, **kwargs)
 
-    monkeypatch.setattr(engine_mod, "gqa_decode_attention", spy)
+    monkeypatch.setattr(attention_mod, "gqa_decode_attention", spy)
     model = peft.get_peft_model(_tiny(21), peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     model.eval()
     ids, mask = _prompts(21)  # 9 prompt tokens; 40 new: slots 9..48 of a 128-slot cache
@@ -806,7 +765,7 @@ def test_the_draw_is_multinomials_draw_without_the_softmax() -> None:
     """_draw takes argmax(warped - log q) where aten's multinomial takes argmax(softmax(warped) / q) from the same
     Exp(1) noise: the same token for every row, top-k masked or not (here 2,000 rows of a 5,000-token
     vocabulary, wide and peaked logits), and a row that is not a distribution is marked, not drawn from."""
-    from rlstack.payload.fastgen.engine import Sampling, _draw, _warp
+    from rlstack.payload.fastgen.sampling import Sampling, _draw, _warp
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2000, 5000, generator=g) * torch.linspace(0.1, 12.0, 2000)[:, None]
@@ -900,7 +859,7 @@ def test_reference_kernels_decode_step_reads_nothing_back_to_the_host(monkeypatc
 
 
 @pytest.mark.parametrize("option", [{"compile": True}, {"attend_bucket": 128}, {"decode_attention": "triton"},
-                                    {"compile_pick": True}, {"graph": "trees"}, {"prefill_once": True},
+                                    {"graph": "trees"}, {"prefill_once": True},
                                     {"attention_tuning": "32:8:512:default"}])
 def test_reference_kernels_refuse_options_that_change_the_kernels(option: dict) -> None:
     with pytest.raises(fastgen.FastgenError, match=f"reference_kernels .*{next(iter(option))}="):
@@ -962,7 +921,7 @@ def test_prefill_once_gives_the_whole_batchs_logits_in_bf16_and_leaves_other_sha
 
 
 def test_distinct_rows_groups_by_ids_and_mask_in_order_of_first_appearance() -> None:
-    from rlstack.payload.fastgen.engine import distinct_rows
+    from rlstack.payload.fastgen.prefill import distinct_rows
 
     ids = torch.tensor([[5, 6], [7, 8], [5, 6], [0, 6], [7, 8]])
     mask = torch.tensor([[1, 1], [1, 1], [1, 1], [0, 1], [1, 1]])
@@ -975,7 +934,7 @@ def test_distinct_rows_groups_by_ids_and_mask_in_order_of_first_appearance() -> 
 def test_prefill_once_prefills_every_row_where_the_cache_is_not_one_it_knows() -> None:
     """A cache not yet allocated (a shape's first call), or one whose layers do not hold the batch's rows as
     keys/values tensors: every row is prefilled (``_row_views`` is None)."""
-    from rlstack.payload.fastgen.engine import _row_views
+    from rlstack.payload.fastgen.prefill import _row_views
 
     cache = transformers.StaticCache(config=_tiny(0).config, max_cache_len=32)
     assert _row_views(cache, 4) is None
@@ -995,7 +954,7 @@ def test_the_refresh_merges_plain_lora_as_one_gemm_onto_the_base() -> None:
     get_delta_weight, the merged weight as right."""
     from peft.tuners.lora import LoraLayer
 
-    from rlstack.payload.fastgen.engine import _plain_lora
+    from rlstack.payload.fastgen.shadow import _plain_lora
 
     model = peft.get_peft_model(_tiny(33).to(torch.bfloat16),
                                 peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
@@ -1044,7 +1003,7 @@ def test_emulate_precision_casts_reaches_inductor_with_the_modes_own_options(mon
     """emulate_precision_casts compiles the decode step with inductor's option of that name; torch.compile takes a
     mode or options, so a mode's own options (graph="trees": reduce-overhead's CUDA graphs) come along. Without
     it the step compiles as always (the mode alone). Not compiled (the CPU's default), the option does nothing."""
-    from rlstack.payload.fastgen.engine import compile_settings
+    from rlstack.payload.fastgen.compiling import compile_settings
 
     seen: list[dict] = []
     real_compile = torch.compile

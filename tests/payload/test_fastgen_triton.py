@@ -319,7 +319,7 @@ def test_a_launch_shape_is_checked_when_made_and_sets_the_splits() -> None:
 
 
 def test_the_default_attention_is_the_triton_kernel_on_cuda_only_where_it_can_run() -> None:
-    from rlstack.payload.fastgen.engine import auto_attention
+    from rlstack.payload.fastgen.options import auto_attention
 
     assert auto_attention("cuda", True, 0, None) == "triton"
     assert auto_attention("cpu", True, 0, None) == "matmul"  # the interpreter is for tests, never a default
@@ -504,21 +504,18 @@ def test_the_top_k_draw_is_refused_where_it_cannot_run_or_would_change_what_it_p
     with pytest.raises(fastgen.FastgenError, match="reference_kernels .*draw='triton'"):
         fastgen.FastGenerator(_tiny(), reference_kernels=True, draw="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(fastgen.FastgenError, match="compile_pick and draw='triton'"):
-        fastgen.FastGenerator(_tiny(), compile=True, compile_pick=True, draw="triton")
-    # "auto" (the default) draws in torch off CUDA, and beside compile_pick or reference_kernels anywhere
+    # "auto" (the default) draws in torch off CUDA, and beside reference_kernels anywhere
     assert fastgen.FastGenerator(_tiny(), compile=False).draw == "torch"
     assert fastgen.FastGenerator(_tiny(), compile=False, draw="auto").draw == "torch"
 
 
-def test_auto_draws_in_the_kernels_on_cuda_unless_another_option_owns_the_pick() -> None:
-    from rlstack.payload.fastgen.engine import auto_draw
+def test_auto_draws_in_the_kernels_on_cuda_unless_reference_kernels_own_the_pick() -> None:
+    from rlstack.payload.fastgen.options import auto_draw
 
-    assert auto_draw("cuda", False, False, None) == "triton"
-    assert auto_draw("cpu", False, False, None) == "torch"
-    assert auto_draw("cuda", True, False, None) == "torch"  # compile_pick fuses the torch pick instead
-    assert auto_draw("cuda", False, True, None) == "torch"  # reference_kernels: transformers' kernels
-    assert auto_draw("cuda", False, False, "triton is not installed") == "torch"
+    assert auto_draw("cuda", False, None) == "triton"
+    assert auto_draw("cpu", False, None) == "torch"
+    assert auto_draw("cuda", True, None) == "torch"  # reference_kernels: transformers' kernels
+    assert auto_draw("cuda", False, "triton is not installed") == "torch"
 
 
 def test_the_top_k_draw_says_which_samplings_it_leaves_to_torch() -> None:
@@ -620,7 +617,7 @@ def test_fuse_rotary_takes_only_attention_modules_it_can_serve() -> None:
 
 
 def test_auto_fuses_the_rotary_on_cuda_where_the_triton_attention_decodes_a_model_it_knows() -> None:
-    from rlstack.payload.fastgen.engine import auto_rotary
+    from rlstack.payload.fastgen.options import auto_rotary
 
     assert auto_rotary("cuda", "triton", False, None) is None
     assert auto_rotary("cpu", "triton", False, None) == "off CUDA"
@@ -638,7 +635,7 @@ def test_auto_rotary_steps_aside_saying_why_where_asking_for_it_is_refused(monke
     same module is an error that names it."""
     import logging
 
-    from rlstack.payload.fastgen import engine as engine_module
+    from rlstack.payload.fastgen import options as options_module
     from rlstack.payload.fastgen import rotary_attention as ra
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton attention may be chosen on this CPU
@@ -650,7 +647,7 @@ def test_auto_rotary_steps_aside_saying_why_where_asking_for_it_is_refused(monke
     def windowed() -> torch.nn.Module:  # its second layer attends through a window (the shadow's copy too)
         return _tiny(layer_types=["full_attention", "sliding_attention"], sliding_window=64, use_sliding_window=True)
 
-    monkeypatch.setattr(engine_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
+    monkeypatch.setattr(options_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
     eng = fastgen.FastGenerator(windowed(), compile=False, decode_attention="triton")
     assert eng.fuse_rotary and eng.rotary_why is None
     with caplog.at_level(logging.INFO, logger="rlstack.payload.fastgen.engine"):
@@ -673,11 +670,11 @@ def test_auto_rotary_whose_first_compile_fails_compiles_the_step_without_it_not_
     import logging
     from types import SimpleNamespace
 
-    from rlstack.payload.fastgen import engine as engine_module
+    from rlstack.payload.fastgen import options as options_module
     from rlstack.payload.fastgen import rotary_attention as ra
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(engine_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
+    monkeypatch.setattr(options_module, "auto_rotary", lambda *_: None)  # as "auto" decides on CUDA
     cache = SimpleNamespace(layers=[])
 
     def made(asked: bool | None) -> tuple[fastgen.FastGenerator, list[bool]]:

@@ -377,7 +377,7 @@ def test_qlora_shadow_computes_in_the_4bit_compute_dtype(tiny_folder) -> None:
     to float32; the shadow must still be bf16, the bitsandbytes compute dtype, not a float32 copy of a 4B model
     (twice the memory and bandwidth), and the plan must count the bf16 copies of those float32 tensors."""
     pytest.importorskip("bitsandbytes")
-    from rlstack.payload.fastgen.engine import _generation_dtype
+    from rlstack.payload.fastgen.memory import generation_dtype as _generation_dtype
 
     q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                         bnb_4bit_compute_dtype=torch.bfloat16)

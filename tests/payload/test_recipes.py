@@ -202,21 +202,32 @@ def test_top_layers_picks_the_last_layers() -> None:
 
 
 def test_fastgen_options_are_typed_and_checked_against_the_engine_at_load() -> None:
-    """grpo.fastgen_options reaches FastGenerator's keywords: values keep their TOML types, and a key the engine
-    does not take fails at load (not at the first rollout, minutes into a run), naming the ones it takes."""
+    """grpo.fastgen_options is the engine's own FastgenOptions: values keep their TOML types, only the options set
+    are passed on (the rest are the engine's defaults), and an unknown key, a bad choice or a refused combination
+    fails at load (not at the first rollout, minutes into a run), naming what it takes."""
+    from rlstack.payload.fastgen import FastgenOptions
+
     r = recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=triton",
                                     "grpo.fastgen_options.attend_bucket=256",
-                                    "grpo.fastgen_options.sample_in_graph=true"])
-    assert r.grpo.fastgen_options == {"decode_attention": "triton", "attend_bucket": 256, "sample_in_graph": True}
-    assert recipes.load("gsm8k-grpo").grpo.fastgen_options == {}
-    with pytest.raises(RecipeError, match=r"unknown fastgen option\(s\) attend_buckets; FastGenerator takes: .*"
-                                          r"attend_bucket"):
+                                    "grpo.fastgen_options.fuse_rotary=false"])
+    options = r.grpo.fastgen_options
+    assert isinstance(options, FastgenOptions)
+    assert options.changed() == {"attend_bucket": 256, "decode_attention": "triton", "fuse_rotary": False}
+    assert options.model_dump() == {"decode_attention": "triton", "attend_bucket": 256, "fuse_rotary": False}
+    default = recipes.load("gsm8k-grpo").grpo.fastgen_options
+    assert default == FastgenOptions() and default.changed() == {} and default.model_dump() == {}
+    assert recipes.load("gsm8k-grpo").model_dump()["grpo"]["fastgen_options"] == {}  # fingerprints as before
+    with pytest.raises(RecipeError, match=r"unknown field 'grpo.fastgen_options.attend_buckets'.*attend_bucket"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.attend_buckets=256"])
-    with pytest.raises(RecipeError, match="unknown fastgen decode_attention 'flex'; one of auto, matmul, triton"):
+    with pytest.raises(RecipeError, match="unknown decode_attention 'flex'; one of auto, matmul, triton"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.decode_attention=flex"])  # retired 2026-12-04
-    assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=row"]).grpo.fastgen_options == {"fp8": "row"}
-    assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.draw=triton"]).grpo.fastgen_options == {"draw": "triton"}
-    with pytest.raises(RecipeError, match="unknown fastgen draw 'cuda'; one of auto, torch, triton"):
+    assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=row"]).grpo.fastgen_options.fp8 == "row"
+    assert recipes.load("gsm8k-grpo", ["grpo.fastgen_options.draw=triton"]).grpo.fastgen_options.draw == "triton"
+    with pytest.raises(RecipeError, match="unknown draw 'cuda'; one of auto, torch, triton"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.draw=cuda"])
-    with pytest.raises(RecipeError, match="unknown fastgen fp8 True; one of off, row, tensor"):
+    with pytest.raises(RecipeError, match="unknown fp8 True; one of off, row, tensor"):
         recipes.load("gsm8k-grpo", ["grpo.fastgen_options.fp8=true"])  # a granularity, not a switch
+    with pytest.raises(RecipeError, match="grpo.fastgen_options.length_bucket"):
+        recipes.load("gsm8k-grpo", ["grpo.fastgen_options.length_bucket='128'"])  # a number, not a string
+    with pytest.raises(RecipeError, match="reference_kernels .*fp8='row' would change them"):
+        recipes.load("gsm8k-grpo", ["grpo.fastgen_options.reference_kernels=true", "grpo.fastgen_options.fp8=row"])

@@ -20,15 +20,17 @@ def test_the_recipes_fastgen_options_reach_the_engine(monkeypatch: pytest.Monkey
     from rlstack.payload import fastgen
     from rlstack.payload.train import grpo
 
-    seen: list[tuple[Any, dict[str, Any]]] = []
-    monkeypatch.setattr(fastgen, "install_on_trainer", lambda trainer, **options: seen.append((trainer, options)))
+    seen: list[tuple[Any, fastgen.FastgenOptions]] = []
+    monkeypatch.setattr(fastgen, "install_on_trainer", lambda trainer, options: seen.append((trainer, options)))
     trainer = object()
     loaded = types.SimpleNamespace(device="cuda", loader="unsloth")
     recipe = _recipe("grpo.fastgen_options.decode_attention=triton", "grpo.fastgen_options.attend_bucket=256")
     assert grpo.use_fastgen(recipe, trainer, loaded, use_vllm=False)
-    assert seen == [(trainer, {"decode_attention": "triton", "attend_bucket": 256})]
+    assert seen == [(trainer, fastgen.FastgenOptions(decode_attention="triton", attend_bucket=256))]
+    assert seen[0][1].changed() == {"attend_bucket": 256, "decode_attention": "triton"}  # only what was set
     assert "options attend_bucket=256, decode_attention=triton" in capsys.readouterr().err
-    assert grpo.use_fastgen(_recipe(), trainer, loaded, use_vllm=False) and seen[-1][1] == {}
+    assert grpo.use_fastgen(_recipe(), trainer, loaded, use_vllm=False)
+    assert seen[-1][1] == fastgen.FastgenOptions() and seen[-1][1].changed() == {}  # the engine's defaults
 
 
 @pytest.mark.parametrize(("device", "use_vllm", "why"), [("cpu", False, "no CUDA device"),

@@ -18,7 +18,8 @@ from test_fastgen import _prompts, _tiny  # noqa: E402  (this folder is on the p
 
 from rlstack.payload import fastgen  # noqa: E402
 from rlstack.payload.fastgen import split_attention, topk_draw  # noqa: E402
-from rlstack.payload.fastgen.engine import SLOT_KWARG, gqa_decode_attention  # noqa: E402
+from rlstack.payload.fastgen.attention import gqa_decode_attention  # noqa: E402
+from rlstack.payload.fastgen.keywords import SLOT_KWARG  # noqa: E402
 
 
 class _Attn(torch.nn.Module):

@@ -20,10 +20,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.paths import recipes_dir, shown
+from rlstack.payload.fastgen.options import FastgenOptions
 
 RewardName = Literal["correctness", "format", "repetition"]
 DEFAULT_REWARDS: tuple[RewardName, ...] = ("correctness", "format")
@@ -145,11 +146,10 @@ class GrpoSpec(_Strict):
         "(static KV cache, compiled decode step in a CUDA graph); off: TRL's (or Unsloth's) own generate; "
         "not used with vLLM rollouts",
     )
-    fastgen_options: dict[str, bool | int | str] = Field(
-        default_factory=dict,
-        description="fastgen engine options on top of its defaults: FastGenerator's keywords, e.g. "
-        "--set grpo.fastgen_options.decode_attention=triton or ...attend_bucket=256 (what a GPU run measures "
-        "before an option becomes the default)",
+    fastgen_options: FastgenOptions = Field(
+        default=FastgenOptions(),  # frozen: one default object serves every recipe
+        description="fastgen engine options (rlstack.payload.fastgen.FastgenOptions, docs/fastgen-options.md); "
+        "unset ones keep the engine's defaults, e.g. --set grpo.fastgen_options.decode_attention=matmul",
     )
     # TRL's vLLM integration (GRPOConfig use_vllm + vllm_mode). Both modes need vllm in the trainer's own stack:
     # trl 0.24's GRPOTrainer imports it and syncs weights through vLLM's NCCL communicator.
@@ -164,25 +164,6 @@ class GrpoSpec(_Strict):
         default=240.0, gt=0, description="server mode: seconds the trainer waits for the server's /health/")
     vllm_gpu_memory_utilization: float = Field(
         default=0.3, gt=0, lt=1, description="colocate mode: the share of the GPU vLLM takes; training gets the rest")
-
-    @field_validator("fastgen_options")
-    @classmethod
-    def _fastgen_keywords(cls, value: dict[str, bool | int | str]) -> dict[str, bool | int | str]:
-        """Unknown keys fail at load, naming the ones FastGenerator takes (not at the first rollout, minutes in).
-        The engine module imports no torch, so this check is cheap."""
-        import inspect
-
-        from rlstack.payload.fastgen.engine import DECODE_ATTENTION, DRAWS, FP8_SCALES, FastGenerator
-
-        known = [p for p in inspect.signature(FastGenerator).parameters if p != "model"]
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"unknown fastgen option(s) {', '.join(unknown)}; FastGenerator takes: "
-                             f"{', '.join(known)}")
-        for key, allowed in (("decode_attention", DECODE_ATTENTION), ("fp8", FP8_SCALES), ("draw", DRAWS)):
-            if value.get(key, allowed[0]) not in allowed:
-                raise ValueError(f"unknown fastgen {key} {value[key]!r}; one of {', '.join(allowed)}")
-        return value
 
     @model_validator(mode="after")
     def _batch(self) -> GrpoSpec:

@@ -124,57 +124,6 @@ def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
     assert (ref == got).float().mean().item() >= 0.5, parted
 
 
-def test_sampling_inside_the_graph_picks_what_sampling_between_replays_picks() -> None:
-    """sample_in_graph captures the pick (warpers, EOS bookkeeping, next inputs) with the decode step: greedy, with
-    an EOS that min_new_tokens must hold back, both ways give the same tokens, and the fused graph is the one used."""
-    model = _model()
-    ids, mask = _inputs()
-    first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
-    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=int(first[1, 20]), min_new_tokens=5)
-    got = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=True, **kw)
-    eng = fastgen.get_engine(model)
-    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
-    fastgen.release(model)
-    apart = fastgen.generate(model, ids, mask, 40, compile=True, **kw)  # the default: picks between replays
-    assert not fastgen.get_engine(model)._fused
-    assert torch.equal(got, apart)
-
-
-def test_sampling_inside_the_graph_draws_new_numbers_every_replay() -> None:
-    """A captured graph replays its kernels with the random offsets advanced per replay (torch registers the
-    default CUDA generator with the capture): eight copies of one prompt must not come out as one sequence, and
-    the columns of successive steps must not repeat (numbers frozen at capture would give one column, repeated)."""
-    model = _model()
-    ids, mask = _inputs()
-    ids, mask = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
-    torch.manual_seed(0)
-    got = fastgen.generate(model, ids, mask, 32, compile=True, sample_in_graph=True, do_sample=True,
-                           temperature=1.5, top_k=20, pad_token_id=0)
-    eng = fastgen.get_engine(model)
-    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
-    new = got[:, 20:]
-    assert len({tuple(r.tolist()) for r in new}) == 8  # eight different completions
-    assert len({tuple(new[:, k].tolist()) for k in range(32)}) > 16  # and no step repeats the one before
-
-
-@pytest.mark.parametrize("warpers", [dict(top_k=20), dict(top_p=0.9, min_p=0.05, temperature=0.8)])
-def test_sampled_tokens_inside_the_graph_equal_the_picks_between_replays(warpers) -> None:
-    """Same seed, same first call: the pick inside the graph draws what the eager pick draws (the replays advance
-    the generator as the eager calls do, and the warm-ups before capture give their draws back), through every
-    warper fastgen implements (top-p sorts and scatters, min-p reduces: each must be capturable)."""
-    model = _model()
-    ids, mask = _inputs()
-    kw = dict(do_sample=True, pad_token_id=0, **warpers)
-    torch.manual_seed(3)
-    got = fastgen.generate(model, ids, mask, 40, compile=True, sample_in_graph=True, **kw)
-    eng = fastgen.get_engine(model)
-    assert eng.fused_error is None and any(g is not None for g in eng._fused.values())
-    fastgen.release(model)
-    torch.manual_seed(3)
-    apart = fastgen.generate(model, ids, mask, 40, compile=True, **kw)
-    assert torch.equal(got, apart)
-
-
 def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_updates() -> None:
     """fuse_projections inside the captured graph (inductor's kernels for the one q/k/v GEMM and the slices):
     greedy tokens as generate's, the same tokens as unfused under one seed, and a LoRA update between calls
@@ -208,7 +157,7 @@ def test_fused_projections_in_the_cuda_graph_match_generate_and_follow_lora_upda
 
 def test_attend_bucket_captures_a_graph_per_read_length_and_decodes_as_generate() -> None:
     """attend_bucket compiled and captured: one graph per read length the generation passes through (each its
-    own compile of the step), greedy tokens as generate's, and sample_in_graph's graphs switch the same way."""
+    own compile of the step), greedy tokens as generate's."""
     model = _model()
     model.eval()
     ids, mask = _inputs()
@@ -221,17 +170,6 @@ def test_attend_bucket_captures_a_graph_per_read_length_and_decodes_as_generate(
     assert want == [32, 48, 64]
     assert sorted(key[2] for key, entry in eng._graphs.items() if entry is not None) == want
     assert (ref == got).float().mean().item() > 0.98
-    fastgen.release(model)
-    torch.manual_seed(9)
-    apart = fastgen.generate(model, ids, mask, new, do_sample=True, top_k=50, pad_token_id=0, compile=True,
-                             attend_bucket=16)
-    fastgen.release(model)
-    torch.manual_seed(9)
-    inside = fastgen.generate(model, ids, mask, new, do_sample=True, top_k=50, pad_token_id=0, compile=True,
-                              attend_bucket=16, sample_in_graph=True)
-    eng = fastgen.get_engine(model)
-    assert eng.fused_error is None and sorted(key[2] for key, g in eng._fused.items() if g is not None) == want
-    assert torch.equal(apart, inside)
 
 
 def test_triton_decode_attention_compiles_into_one_graph_and_decodes_as_generate() -> None:
@@ -389,28 +327,6 @@ def test_the_kernel_merging_its_own_splits_matches_the_separate_merge_launch_aft
     assert not bool(sa.counters(q.device).any())
 
 
-def test_the_compiled_pick_draws_what_the_eager_pick_draws() -> None:
-    """compile_pick: inductor fuses the pick, and with aten's RNG kernels (fallback_random) the draw reads the same
-    numbers, so seeded sampling gives the eager pick's tokens (up to a last-bit difference in the fused log at an
-    exact tie); greedy gives generate's."""
-    model = _model()
-    model.eval()
-    ids, mask = _inputs()
-    torch.manual_seed(11)
-    # draw="torch": the pick compile_pick compiles (on CUDA "auto" would draw the eager side in Triton's kernels)
-    eager = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0, compile=True,
-                             draw="torch")
-    fastgen.release(model)
-    torch.manual_seed(11)
-    fused = fastgen.generate(model, ids, mask, 40, do_sample=True, top_k=50, pad_token_id=0, compile=True,
-                             compile_pick=True)
-    eng = fastgen.get_engine(model)
-    assert eng.pick_error is None and eng._pick_ok and eng.compile_error is None
-    assert (eager == fused).float().mean().item() > 0.99
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
-    got = fastgen.generate(model, ids, mask, 40, do_sample=False, pad_token_id=0)
-    assert (ref == got).float().mean().item() > 0.98
-
 
 def test_reference_kernels_replay_transformers_eager_step_in_a_graph_and_give_generates_tokens() -> None:
     """reference_kernels on real weights in bf16: transformers' eager step captured into a CUDA graph. Its claim
@@ -498,19 +414,18 @@ def test_the_triton_top_k_draw_compiled_is_the_gumbel_max_over_transformers_top_
     assert invalid.all()
 
 
-def test_the_triton_top_k_draw_in_the_graph_draws_what_it_draws_between_replays() -> None:
-    """draw="triton" through the compiled engine: the same seed gives the same tokens with the pick inside the
-    captured graph and between replays (the noise is keyed by the generation's seed and the step the loop
-    advances in place), eight copies of one prompt come out as eight completions, and every token is among its
-    step's top 20 (the engine's logits, on_logits)."""
+def test_the_triton_top_k_draw_between_replays_repeats_a_seed_and_draws_from_the_top_k() -> None:
+    """draw="triton" through the compiled engine: the same seed gives the same tokens in two engines (the noise is
+    keyed by the generation's seed and the step the loop advances in place), eight copies of one prompt come out
+    as eight completions, and every token is among its step's top 20 (the engine's logits, on_logits)."""
     model = _model()
     ids, mask = _inputs()
     ids, mask = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
     kw = dict(do_sample=True, top_k=20, temperature=0.9, pad_token_id=0, draw="triton")
     torch.manual_seed(3)
-    got = fastgen.generate(model, ids, mask, 32, compile=True, sample_in_graph=True, **kw)
+    got = fastgen.generate(model, ids, mask, 32, compile=True, **kw)
     eng = fastgen.get_engine(model)
-    assert eng.fused_error is None and eng.draw_error is None and any(g is not None for g in eng._fused.values())
+    assert eng.draw_error is None and any(g is not None for g in eng._graphs.values())
     fastgen.release(model)
     torch.manual_seed(3)
     apart = fastgen.generate(model, ids, mask, 32, compile=True, **kw)

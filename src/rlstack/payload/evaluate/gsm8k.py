@@ -196,8 +196,10 @@ class _FastEval:
     def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int, reference_kernels: bool = False) -> None:
         import copy
 
+        from rlstack.payload.fastgen.options import FastgenOptions
+
         self.model = model
-        self.options = {"reference_kernels": True} if reference_kernels else {}
+        self.options = FastgenOptions(reference_kernels=True) if reference_kernels else None
         self.failed: str | None = None
         self.config = copy.deepcopy(model.generation_config)
         self.config.do_sample = False
@@ -212,7 +214,7 @@ class _FastEval:
 
         try:
             out = fastgen.generate(self.model, enc["input_ids"], enc["attention_mask"],
-                                   generation_config=self.config, **self.options)
+                                   generation_config=self.config, options=self.options)
             say_how_once(self.model, "rlstack eval: fastgen")  # which path the generations took, as train says it
             return out
         except Exception as exc:  # the fast path is an optimisation: never the reason an evaluation fails

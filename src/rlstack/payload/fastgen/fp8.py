@@ -10,7 +10,7 @@ torch's own ``_scaled_mm`` (cuBLASLt per tensor, CUTLASS row-wise): no toolkit, 
 What: every projection but lm_head holds an e4m3 copy of its weight with float32 scales (an absolute maximum over
 448, e4m3's largest value), and activations are quantized per call with scales of their own (dynamic), computed on
 the device: no host sync, so the step still captures into one CUDA graph. Two granularities
-(``engine.FP8_SCALES``): "row", a scale per output channel of the weight and per token of the activation (torch's
+(``FastgenOptions.fp8``): "row", a scale per output channel of the weight and per token of the activation (torch's
 row-wise _scaled_mm, bf16 out: CUTLASS kernels for sm_89, sm_90, sm_100 and sm_120 in
 aten/src/ATen/native/cuda/RowwiseScaledMM.cu of torch's main branch, read, not run), where one outlier blurs its
 row, not the whole tensor; "tensor", one scale per tensor, as vLLM's online ``quantization="fp8"`` (a fused group,
@@ -150,32 +150,3 @@ class Fp8Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         scales = "row-wise" if self.fp8.rowwise else "per-tensor"
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 {scales} scales"
-
-
-def install(model: Any, scales: str = "row") -> list[Fp8Weight]:
-    """FP8 in place of every projection of ``model`` (the shadow, fused groups installed already), the output
-    embedding (lm_head) excepted, as vLLM leaves it, and any whose sizes _scaled_mm cannot take (``fits``): a
-    fused group's members compute through its buffer's FP8 copy; any other ``nn.Linear`` becomes an Fp8Linear.
-    Returns the copies, for the shadow to quantize again after every refresh: merged weights change with the
-    adapter, and weights shared with the trained model change too where it is fully fine-tuned (one pass over
-    the weights a generation). ``scales``: "row" or "tensor" (the module docstring)."""
-    from rlstack.payload.fastgen.fused import FusedLinear
-
-    rowwise = scales == "row"
-    weights: list[Fp8Weight] = []
-    groups: dict[int, Fp8Weight] = {}  # id of a fused group's shared slot -> its buffer's FP8 copy
-    for mod in model.modules():
-        if isinstance(mod, FusedLinear) and mod.first and fits(*mod.fused_weight.shape):
-            groups[id(mod.slot)] = Fp8Weight(mod.fused_weight, rowwise)
-            weights.append(groups[id(mod.slot)])
-    head = model.get_output_embeddings()
-    for parent in list(model.modules()):
-        for name, mod in list(parent.named_children()):
-            if isinstance(mod, FusedLinear):
-                # every member holds the group's copy: one called off the group's pattern takes its rows of it
-                mod.fp8 = groups.get(id(mod.slot))
-            elif type(mod) is torch.nn.Linear and mod is not head and fits(mod.out_features, mod.in_features):
-                replacement = Fp8Linear(mod, rowwise)
-                setattr(parent, name, replacement)
-                weights.append(replacement.fp8)
-    return weights

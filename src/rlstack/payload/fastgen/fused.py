@@ -133,3 +133,30 @@ def install(model: Any, groups: list[tuple[str, tuple[str, ...]]], fused: dict[s
             start += linear.out_features
         saved += len(members) - 1
     return saved
+
+
+def install_fp8(model: Any, scales: str = "row") -> list[_fp8.Fp8Weight]:
+    """FP8 in place of every projection of ``model`` (the shadow, fused groups installed already), the output
+    embedding (lm_head) excepted, as vLLM leaves it, and any whose sizes _scaled_mm cannot take (``fits``): a
+    fused group's members compute through its buffer's FP8 copy; any other ``nn.Linear`` becomes an Fp8Linear.
+    Returns the copies, for the shadow to quantize again after every refresh: merged weights change with the
+    adapter, and weights shared with the trained model change too where it is fully fine-tuned (one pass over
+    the weights a generation). ``scales``: "row" or "tensor" (fastgen.fp8's docstring)."""
+    rowwise = scales == "row"
+    weights: list[_fp8.Fp8Weight] = []
+    groups: dict[int, _fp8.Fp8Weight] = {}  # id of a fused group's shared slot -> its buffer's FP8 copy
+    for mod in model.modules():
+        if isinstance(mod, FusedLinear) and mod.first and _fp8.fits(*mod.fused_weight.shape):
+            groups[id(mod.slot)] = _fp8.Fp8Weight(mod.fused_weight, rowwise)
+            weights.append(groups[id(mod.slot)])
+    head = model.get_output_embeddings()
+    for parent in list(model.modules()):
+        for name, mod in list(parent.named_children()):
+            if isinstance(mod, FusedLinear):
+                # every member holds the group's copy: one called off the group's pattern takes its rows of it
+                mod.fp8 = groups.get(id(mod.slot))
+            elif type(mod) is torch.nn.Linear and mod is not head and _fp8.fits(mod.out_features, mod.in_features):
+                replacement = _fp8.Fp8Linear(mod, rowwise)
+                setattr(parent, name, replacement)
+                weights.append(replacement.fp8)
+    return weights

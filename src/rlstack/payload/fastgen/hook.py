@@ -22,32 +22,30 @@ import logging
 import sys
 from typing import Any
 
-from rlstack.payload.fastgen.engine import (
-    FastgenError,
-    error_text,
-    get_engine,
-    release,
-    resolve_generation_config,
-    sampling_from_resolved,
-)
+from rlstack.payload.fastgen.api import get_engine, release
+from rlstack.payload.fastgen.errors import FastgenError, error_text
+from rlstack.payload.fastgen.options import FastgenOptions
+from rlstack.payload.fastgen.sampling import resolve_generation_config, sampling_from_resolved
 
 _ORIGINAL_ATTR = "_rlstack_fastgen_original_generate"
 _FAILED_ATTR = "_rlstack_fastgen_failed"
 log = logging.getLogger(__name__)
 
 
-def install(model: Any, **engine_options: Any) -> Any:
+def install(model: Any, options: FastgenOptions | None = None, **engine_options: Any) -> Any:
     """Make ``model.generate`` use fastgen (engine built lazily on the first call). Returns the model.
 
-    engine_options: FastGenerator's keyword arguments (its docstring says each one and its default)."""
+    ``options`` (a FastgenOptions; its fields as keywords on top, ``engine_options``) are checked here, at
+    install; the engine that uses them is made on the first call."""
     if installed(model):
         return model
+    chosen = FastgenOptions.of(options, **engine_options)
     original = model.generate  # bound method of the class (under Unsloth: PeftModel.generate -> Unsloth's)
 
     def fast_generate(*args: Any, **kwargs: Any) -> Any:
         if failure(model) is None:
             try:
-                return _serve(model, engine_options, args, kwargs)
+                return _serve(model, chosen, args, kwargs)
             except Exception as exc:
                 _mark_failed(model, exc)
         return original(*args, **kwargs)
@@ -57,11 +55,11 @@ def install(model: Any, **engine_options: Any) -> Any:
     return model
 
 
-def install_on_trainer(trainer: Any, **engine_options: Any) -> Any:
+def install_on_trainer(trainer: Any, options: FastgenOptions | None = None, **engine_options: Any) -> Any:
     """install() on the model a (GRPO) trainer generates with; call after the trainer is constructed."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hasattr(trainer, "accelerator") \
         else trainer.model
-    return install(model, **engine_options)
+    return install(model, options, **engine_options)
 
 
 def installed(model: Any) -> bool:
@@ -78,8 +76,7 @@ def uninstall(model: Any) -> None:
 
     Through release(), not by dropping the attribute: the engine sits in reference cycles, and dropped here it
     stayed allocated until the cyclic collector ran, while a release() after this found no engine to collect
-    (bench/rollout_peers.py did that: its second variant peaked at 25.2 GiB at 8 sequences where the first had
-    10.6, H100, 2026-12-05)."""
+    (bench/rollout_peers.py's second variant then peaked with the first's memory still held: bench/notes.md)."""
     if not installed(model):
         return
     del model.__dict__["generate"]
@@ -101,7 +98,7 @@ def _mark_failed(model: Any, exc: BaseException) -> None:
           file=sys.stderr, flush=True)
 
 
-def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _serve(model: Any, options: FastgenOptions | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     kwargs = dict(kwargs)
     kwargs.pop("disable_compile", None)
     input_ids = kwargs.pop("input_ids", args[0] if args else None)
@@ -114,7 +111,7 @@ def _serve(model: Any, options: dict[str, Any], args: tuple[Any, ...], kwargs: d
     if resolved.return_dict_in_generate or resolved.output_scores or resolved.output_logits:
         raise FastgenError("fastgen returns plain token tensors only", "")
     sampling, max_new_tokens = sampling_from_resolved(resolved)
-    out = get_engine(model, **options).generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
+    out = get_engine(model, options).generate(input_ids, attention_mask, max_new_tokens, sampling, generator)
     say_how_once(model, "rlstack fastgen:")
     return out
 

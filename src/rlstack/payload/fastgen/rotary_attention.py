@@ -25,6 +25,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from rlstack.payload.fastgen.keywords import GROUPS_KWARG, SLOT_KWARG, TUNING_KWARG
+
 # model_type -> whether its attention normalizes the query and key heads (q_norm / k_norm) before the rotary
 FAMILIES = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -118,7 +120,6 @@ def decode_forward(self: Any, hidden_states: Any, position_embeddings: Any, atte
     """The attention module's forward (``self``): a decode step through ``split_attention.attend`` with the
     prologue, anything else (the prompt's forward, a step without fastgen's slot) through transformers' own."""
     from rlstack.payload.fastgen import split_attention
-    from rlstack.payload.fastgen.engine import GROUPS_KWARG, SLOT_KWARG, TUNING_KWARG
 
     slot = kwargs.get(SLOT_KWARG)
     if slot is None or past_key_values is None or hidden_states.shape[1] != 1 or kwargs.get(GROUPS_KWARG) is not None:

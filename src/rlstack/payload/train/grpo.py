@@ -184,8 +184,9 @@ def use_fastgen(recipe: Recipe, trainer: Any, loaded: Any, *, use_vllm: bool) ->
     from rlstack.payload import fastgen
 
     options = recipe.grpo.fastgen_options
-    fastgen.install_on_trainer(trainer, **options)
-    chosen = f", options {', '.join(f'{k}={v}' for k, v in sorted(options.items()))}" if options else ""
+    fastgen.install_on_trainer(trainer, options)
+    changed = options.changed()
+    chosen = f", options {', '.join(f'{k}={v}' for k, v in changed.items())}" if changed else ""
     print(f"rlstack train: rollouts through rlstack.payload.fastgen (grpo.fast_generation = true, loader "
           f"{loaded.loader}{chosen}); on any failure it falls back to the model's generate for the rest of the run, "
           "saying why", file=sys.stderr)
