@@ -1,8 +1,10 @@
-"""invoke tasks: rlstack's host CLI. Each task is generated from one typed library function
-(rlstack.host.commands.tasks()): its flags, help, kinds and positional arguments are that function's own
-declarations (rlstack.core.options), so an option is declared once and a task calls its function with typed
-values, never through another parser. `invoke --list` shows them all, `invoke --help TASK` a task's options;
-every external command is printed before it runs.
+"""invoke tasks: rlstack's host command line. Each task is one typed library function (rlstack.host.commands
+TASKS): its flags, help texts, defaults and positional arguments are the click parameters typer reads from
+that function's signature (rlstack.core.options), so an option is declared once, and what invoke parsed goes
+through the same click command that `rlstack` runs inside a stack, which converts and checks it. User tasks
+sit at the root of `invoke --list`; what the workflows run under `ci.`, the project's own development under
+`dev.`. `invoke --help TASK` shows a task's options with their defaults; every external command is printed
+before it runs.
 
 Machine settings (base image, CA bundle, docker client) live in invoke.yaml: `invoke settings`.
 """
@@ -14,62 +16,68 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from invoke import Collection, Context, Exit, Task
+from invoke import Argument, Collection, Context, Exit, Task
 
 sys.path.insert(0, "src")  # so `invoke` works from a checkout before `pip install -e .`
 
 from rlstack.core import options
 from rlstack.core.errors import RlstackError
-from rlstack.host.commands import tasks as host_commands
+from rlstack.host.commands import TASKS, task_name
 
 
-class CommandTask(Task):  # type: ignore[misc]
-    """An invoke task for a typed command. invoke reads the body's signature; the body's is the command's
-    (plus invoke's Context), and each argument takes the command's flag name, short flag and help."""
+def argument(p: Any) -> Argument:
+    """invoke's argument for one click parameter: its flags and its help with the real default. Values stay
+    text (or a switch, or a list) for click to convert. A value arrives under the parameter's name where invoke's
+    own convention gives it one (--adapter-name as adapter_name), else under its flag's (--set as `set`): invoke's
+    help finds an argument by the flag its attr_name would make."""
+    kind = bool if getattr(p, "is_flag", False) else list if getattr(p, "multiple", False) else str
+    names = [p.name] if p.param_type_name == "argument" else [o.lstrip("-") for o in p.opts]
+    return Argument(names=tuple(names), kind=kind, default=p.default if kind is bool else None,
+                    help=options.help_text(p), positional=p.param_type_name == "argument",
+                    attr_name=p.name if names[0] == p.name.replace("_", "-") != p.name else None)
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+
+class CommandTask(Task):
+    """An invoke task over a typed command. Its arguments are the command's click parameters (`get_arguments`);
+    the body renders what invoke parsed back into the command's argv (`argv_for`) and runs the click command on
+    it, so both command lines convert and check a value in one place."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, namespace: str = "") -> None:
         self.command = fn
-        self.params = {p.name: p for p in options.params(fn)}
-        remainder = [p.name for p in self.params.values() if p.opt.remainder]
-
-        by_flag = {p.flag.lstrip("-"): p.name for p in self.params.values()}
+        prog = "invoke " + ".".join(filter(None, [namespace, name]))  # as the user typed it, in messages
 
         def body(c: Context, **given: Any) -> None:
-            values = {by_flag.get(k, k): v for k, v in given.items()}
-            for name in remainder:
-                values[name] = c.remainder
+            ps = options.params(fn)
+            by_arg = {argument(p).name: p.name for p in ps if not options.is_remainder(p)}
+            values = {by_arg[k]: v for k, v in given.items()}
+            values.update({p.name: [c.remainder] if c.remainder else None for p in ps if options.is_remainder(p)})
             try:
-                rc = options.call(fn, values)
+                rc = options.run(options.command(fn), options.argv_for(fn, values)[1:], prog)
             except RlstackError as exc:
                 raise Exit(f"rlstack: error: {exc}", code=exc.exit_code) from None
-            if isinstance(rc, int) and rc:
+            if rc:
                 raise Exit(code=rc)
 
-        shown = [p for p in self.params.values() if not p.opt.remainder]
-        body.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-            + [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=None if p.required or p.default is None else p.default) for p in shown])
-        body.__name__ = fn.__name__
-        body.__doc__ = fn.__doc__
-        super().__init__(body, name=options.command_name(fn), help={p.name: p.opt.help for p in shown},
-                         iterable=[p.name for p in shown if p.kind is list],
-                         positional=[p.name for p in shown if p.opt.positional], auto_shortflags=False)
+        body.__doc__ = "\n\n".join([options.summary(fn), *(inspect.getdoc(fn) or "").split("\n\n")[1:]])
+        # (the first paragraph on one line: `invoke --list` shows a docstring's first line)
+        super().__init__(body, name=name, positional=[], auto_shortflags=False)
 
-    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
-        p = self.params[name]
-        opts["names"] = list(dict.fromkeys(f.lstrip("-") for f in p.flags))
-        opts.pop("attr_name", None)
-        if opts["names"][0] == name.replace("_", "-") != name:
-            opts["attr_name"] = name  # invoke's own convention: --adapter-name arrives as adapter_name
-        # otherwise (--set for `overrides`, --json for `json_`) the value arrives under the flag's name and
-        # the body maps it back: invoke's help looks an argument up by the flag its attr_name would make
-        if p.kind in (int, float) and "kind" not in opts:
-            opts["kind"] = p.kind
-        return opts
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        """The command's parameters, positional ones first; the words after `--` are invoke's remainder."""
+        args = [argument(p) for p in options.params(self.command) if not options.is_remainder(p)]
+        return sorted(args, key=lambda a: not a.positional)
 
 
-ns = Collection()
-for command in host_commands():
-    ns.add_task(CommandTask(command))
+def collection() -> Collection:
+    """User tasks at the root, each other namespace (ci, dev) a collection of its own."""
+    root = Collection()
+    for namespace, fns in TASKS.items():
+        target = Collection(namespace) if namespace else root
+        for fn in fns:
+            target.add_task(CommandTask(fn, task_name(fn, namespace), namespace))
+        if namespace:
+            root.add_collection(target)
+    return root
+
+
+ns = collection()

@@ -23,7 +23,7 @@ fi
 need_pkgs=()
 [ -x "$DOCKER" ] || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
-# docker compose validates the file invoke compose generates (tests/host/test_compose.py); Debian's docker.io
+# docker compose validates the file invoke train --vllm-server generates (tests/host/test_compose.py); Debian's docker.io
 # has no compose plugin, so the standalone docker-compose stands in.
 if ! command -v docker-compose >/dev/null 2>&1 && ! "$DOCKER" compose version >/dev/null 2>&1; then
   need_pkgs+=(docker-compose)

@@ -68,3 +68,20 @@ def test_adapters_local_runs_natively_and_the_volume_through_a_container(engine_
     assert commands.adapters(stack="portable", verify=True, json_=True) == 0
     spec = engine_free[0]
     assert list(spec.argv) == ["adapters", "--verify", "--json"] and spec.adapters_read_only and not spec.gpus
+
+
+def test_invoke_train_runs_through_the_click_command_with_converted_values(engine_free: list[Any]) -> None:
+    """What invoke parsed reaches the command converted by click: an int, a repeated --set, a switch."""
+    import sys
+
+    from rlstack.core import options
+
+    argv = ["--stack", "cpu", "--max-steps", "2", "--set", "a.b=1", "--set", "c.d=2", "--resume"]
+    assert options.run(options.command(commands.train), argv, "invoke train") == 0
+    got = list(engine_free[0].argv)
+    assert got[got.index("--max-steps") + 1] == "2" and "--resume" in got
+    assert [got[i + 1] for i, a in enumerate(got) if a == "--set"] == ["a.b=1", "c.d=2"]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import tasks
+
+    assert [a.name for a in tasks.ns["train"].get_arguments()][:3] == ["stack", "recipe", "set"]

@@ -3,11 +3,20 @@ from __future__ import annotations
 import pytest
 
 from rlstack.core.errors import RlstackError
-from rlstack.host import docs
+from rlstack.host import commands, docs
 
 
 def test_readme_sections_are_current() -> None:
-    assert docs.stale_sections() == [], "run: invoke docs"
+    assert set(commands.readme_sections()) == {"stacks", "tasks", "compat-matrix"}
+    assert docs.stale_sections(commands.readme_sections()) == [], "run: invoke docs"
+
+
+def test_the_task_table_shows_real_defaults_and_the_namespaces() -> None:
+    table = commands.tasks_section()
+    assert "None" not in table
+    assert "`invoke train [--stack cpu]`" in table and "`invoke stacks [--stack STACK]`" in table
+    assert "`invoke ci.probe-job --stack STACK`" in table and "`invoke dev.lint`" in table
+    assert "`invoke shell [--stack cpu] [-- CMD]`" in table and "`invoke diagnose LOG`" in table
 
 
 def test_replace_section_only_between_markers() -> None:

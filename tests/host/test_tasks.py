@@ -1,22 +1,26 @@
 """invoke is the host CLI and `rlstack` the in-stack CLI; each option is declared once, in the typed function a
-task or command calls, and every flag a hint names exists where the user typed the command."""
+task or command calls, every task's help shows the real defaults, the tasks sit in namespaces (user tasks at the
+root, ci.* and dev.*), and every flag a hint names exists where the user typed the command."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlstack.cli import build_parser
-from rlstack.cli import commands as in_stack_commands
+from rlstack import cli
 from rlstack.core import options
 from rlstack.host import commands as host
+from rlstack.payload import commands as payload
 
 ROOT = Path(__file__).resolve().parents[2]
+INVOKE = [sys.executable, "-m", "invoke"]
 
 
 @pytest.fixture(scope="module")
@@ -27,42 +31,132 @@ def collection() -> Any:
     return tasks.ns
 
 
+def _tasks() -> list[tuple[str, Any]]:
+    """(the name a user types, the function) of every task."""
+    return [(".".join(filter(None, [ns, host.task_name(fn, ns)])), fn) for ns, fns in host.TASKS.items() for fn in fns]
+
+
 def test_every_task_is_its_functions_signature(collection: Any) -> None:
-    assert sorted(collection.task_names) == sorted(options.command_name(f) for f in host.tasks())
-    for name in collection.task_names:
+    assert sorted(collection.task_names) == sorted(name for name, _ in _tasks())
+    for name, fn in _tasks():
         task = collection[name]
-        params = [p for p in options.params(task.command) if not p.opt.remainder]
-        arguments = task.get_arguments()  # invoke hands each help text out once
-        flag_of = {p.name: p.flag.lstrip("-") for p in params}
-        got = {a.names[0] for a in arguments}
-        assert got == set(flag_of.values()), f"invoke {name}: flags differ from {task.command.__qualname__}"
-        for a in arguments:
-            p = next(p for p in params if p.flag.lstrip("-") == a.names[0])
-            assert a.help == p.opt.help and a.positional == p.opt.positional, f"invoke {name} --{a.names[0]}"
-            assert a.kind == (list if p.kind is list else a.kind)
+        assert task.command is fn
+        params = [p for p in options.params(fn) if not options.is_remainder(p)]
+        arguments = task.get_arguments()
+        assert [a.names for a in arguments if not a.positional] == \
+            [tuple(o.lstrip("-") for o in p.opts) for p in params if p.param_type_name == "option"], name
+        assert [a.names[0] for a in arguments if a.positional] == \
+            [p.name for p in params if p.param_type_name == "argument"], name
+        for a, p in zip(arguments, sorted(params, key=lambda p: p.param_type_name == "option"), strict=True):
+            assert a.help == options.help_text(p), f"invoke {name} --{a.names[0]}"
+            kind = bool if getattr(p, "is_flag", False) else list if getattr(p, "multiple", False) else str
+            assert a.kind is kind, f"invoke {name} --{a.names[0]}"
 
 
-def test_tasks_py_builds_no_argv_for_a_parser() -> None:
+def test_no_task_help_shows_none_and_defaults_are_shown(collection: Any) -> None:
+    for name, _ in _tasks():
+        for a in collection[name].get_arguments():
+            assert "None" not in (a.help or ""), f"invoke {name} --{a.names[0]}: {a.help}"
+    helps = {a.names[0]: a.help for a in collection["train"].get_arguments()}
+    assert helps["stack"].endswith("(default: cpu)") and helps["server-start-s"].endswith("(default: 900)")
+    assert collection["ci.jobs"].get_arguments()[0].help == "which job matrix (default: all)"
+    proc = subprocess.run([*INVOKE, "--help", "train"], cwd=ROOT, capture_output=True, text=True, check=True)
+    text = " ".join(proc.stdout.split())  # invoke wraps help texts
+    assert "--stack=STRING stack name (images/<stack>/stack.toml) (default: cpu)" in text and "None" not in text
+
+
+def test_invoke_list_groups_user_tasks_apart_from_ci_and_dev() -> None:
+    proc = subprocess.run([*INVOKE, "--list"], cwd=ROOT, capture_output=True, text=True, check=True)
+    listed = [line.split()[0] for line in proc.stdout.splitlines() if re.match(r"  \S", line)]  # not wrapped lines
+    root = [t for t in listed if "." not in t]
+    assert {"train", "eval", "build", "smoke", "test", "matrix", "probe-fp8", "stacks", "shell"} <= set(root)
+    assert not {"lint", "typecheck", "bench", "ci-jobs", "probe-job", "ci-free-disk", "push"} & set(root)
+    assert {"ci.jobs", "ci.probe-job", "ci.merge-probes", "ci.free-disk", "ci.check-image", "ci.image-size",
+            "ci.push", "dev.lint", "dev.typecheck", "dev.bench"} <= set(listed)
+    assert {t.split(".")[0] for t in listed if "." in t} == {"ci", "dev"}
+
+
+def test_tasks_py_builds_no_parser_and_nothing_rewrites_a_signature() -> None:
     text = (ROOT / "tasks.py").read_text()
     assert "rlstack.cli" not in text and "argparse" not in text
     assert not re.search(r'"--[a-z]', text), "tasks.py spells out a flag: it should come from a signature"
+    for path in [ROOT / "tasks.py", *sorted((ROOT / "src" / "rlstack").rglob("*.py"))]:
+        assert "__signature__" not in path.read_text(), f"{path.relative_to(ROOT)} rewrites a signature"
 
 
-def test_every_option_has_help_and_the_in_stack_cli_is_generated_too() -> None:
-    for fn in [*host.tasks(), *in_stack_commands()]:
+def test_every_option_has_help_and_the_in_stack_cli_is_typer() -> None:
+    for fn in [*(fn for _, fn in _tasks()), *cli.commands()]:
         for p in options.params(fn):
-            assert len(p.opt.help) > 8, f"{fn.__qualname__}: {p.name} needs a help text"
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["adapters", "compare", "diagnose", "eval", "probe", "rescore", "train"]
+            assert p.help and len(p.help) > 8, f"{fn.__qualname__}: {p.name} needs a help text"
+    assert sorted(cli.build().commands) == ["adapters", "compare", "diagnose", "eval", "probe", "rescore", "train"]
 
 
-def test_train_and_eval_lend_every_payload_option_a_host_user_can_use() -> None:
-    from rlstack.payload import commands as payload
+def test_rlstack_help_and_errors_are_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("train", "eval", "probe", "diagnose"))
+    for fn in cli.commands():
+        assert cli.main([options.command_name(fn), "--help"]) == 0, options.command_name(fn)
+        assert options.summary(fn).split()[0] in capsys.readouterr().out
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.startswith("rlstack ")
+    assert cli.main(["train", "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlstack: error: No such option: --no-such-flag") and "rlstack train --help" in err
+    assert cli.main(["eval", "-n", "many"]) == 2 and "rlstack: error: Invalid value for '-n'" in capsys.readouterr().err
+    assert cli.main(["rescore"]) == 2 and "Missing argument" in capsys.readouterr().err
+    assert cli.main([]) == 2 and "Usage: rlstack" in capsys.readouterr().out
 
-    for host_fn, payload_fn in ((host.train, payload.train), (host.eval_, payload.eval_)):
-        lent = {p.name for p in options.params(host_fn)}
-        for p in options.params(payload_fn):
-            assert (p.name in lent) != p.opt.in_container, f"{host_fn.__name__}: {p.name}"
+
+def test_invoke_errors_are_clean_messages_with_the_exit_code() -> None:
+    proc = subprocess.run([*INVOKE, "train", "--gpus", "many"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("rlstack: error: Invalid value for '--gpus'") and "invoke train --help" in proc.stderr
+    proc = subprocess.run([*INVOKE, "ci.jobs", "--stack", "nosuch"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("rlstack: error: unknown stack 'nosuch'")
+
+
+def test_host_commands_name_the_payload_options_declared_once() -> None:
+    """invoke train/eval/adapters take every payload option a host user can use, through the very alias the payload
+    command declares (the same typer.Option object), with the same default; paths inside the container are the
+    payload's alone."""
+    inside = {"output", "adapters_root", "root"}
+    for host_fn, payload_fn in ((host.train, payload.train), (host.eval_, payload.eval_),
+                                (host.adapters, payload.adapters)):
+        theirs = typing.get_type_hints(payload_fn, include_extras=True)
+        ours = typing.get_type_hints(host_fn, include_extras=True)
+        lent = set(theirs) - inside - {"return"}
+        assert lent <= set(ours), f"{host_fn.__name__} misses {lent - set(ours)}"
+        for name in lent:
+            assert ours[name].__metadata__[0] is theirs[name].__metadata__[0], f"{host_fn.__name__}: {name}"
+        defaults = {p.name: p.default for p in options.params(payload_fn)}
+        assert all(p.default == defaults[p.name] for p in options.params(host_fn) if p.name in lent)
+        assert not inside & set(ours)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every rlstack.host module `path` imports, at module level or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "rlstack.host":
+                out |= {a.name for a in node.names}
+            elif node.module.startswith("rlstack.host."):
+                out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("rlstack.host.")}
+    return out
+
+
+def test_host_modules_import_no_circle() -> None:
+    graph = {p.stem: _imports(p) for p in (ROOT / "src" / "rlstack" / "host").glob("*.py")}
+
+    def reaches(start: str, node: str, seen: set[str]) -> bool:
+        for nxt in graph.get(node, set()):
+            if nxt == start or (nxt not in seen and reaches(start, nxt, seen | {nxt})):
+                return True
+        return False
+
+    assert [m for m in graph if reaches(m, m, set())] == []
 
 
 # Flags of other tools that messages name on purpose (docker, pip, uv, pytest): not ours to declare.
@@ -84,8 +178,9 @@ def _hint_flags(path: Path) -> list[tuple[int, str]]:
 
 
 def test_hints_name_flags_that_exist_where_the_user_typed(collection: Any) -> None:
-    invoke_flags = {"--" + n for t in collection.task_names for a in collection[t].get_arguments() for n in a.names}
-    stack_flags = {f for fn in in_stack_commands() for p in options.params(fn) for f in p.flags}
+    invoke_flags = {"--help"} | {"--" + n for t in collection.task_names for a in collection[t].get_arguments()
+                                 for n in a.names}
+    stack_flags = {f for fn in cli.commands() for p in options.params(fn) for f in [*p.opts, *p.secondary_opts]}
     problems = []
     for path in sorted((ROOT / "src" / "rlstack").rglob("*.py")):
         side = path.relative_to(ROOT / "src" / "rlstack").parts[0]

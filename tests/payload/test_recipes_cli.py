@@ -1,4 +1,5 @@
-"""The CLI flags the images call (`rlstack train/eval` in the container) map onto recipes and eval configs."""
+"""The CLI flags the images call (`rlstack train/eval` in the container) map onto recipes and eval configs,
+parsed by the `rlstack` command itself (rlstack.cli, typer)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstack.cli import build_parser
-from rlstack.core.options import call_parsed
+from rlstack.cli import main
 from rlstack.payload import adapters, commands, recipes
 from rlstack.payload.train import grpo, loading
 
@@ -22,7 +22,7 @@ def _call(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, object]:
 
     monkeypatch.setattr(grpo, "run", fake_run)
     with pytest.raises(SystemExit):
-        call_parsed(build_parser().parse_args(list(argv)))
+        main(list(argv))
     return seen
 
 
@@ -70,8 +70,16 @@ def test_eval_unquantized_overrides_the_adapter_recipe_quantization(tmp_path: Pa
     assert (plain.load_in_4bit, plain.load_in_fp8) == (False, False)
     with pytest.raises(RlstackError, match="contradict"):
         commands.eval_config(adapter="q", unquantized=True, load_in_4bit=True)
-    parsed = build_parser().parse_args(["eval", "--adapter", "q", "--unquantized"])
-    assert parsed.unquantized is True
+    from rlstack.payload.evaluate import gsm8k
+
+    def fake_eval(cfg: object) -> dict[str, object]:
+        raise SystemExit(cfg)
+
+    monkeypatch.setattr(gsm8k, "run", fake_eval)
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--adapter", "q", "--unquantized"])
+    cfg = stop.value.code
+    assert (cfg.load_in_4bit, cfg.load_in_fp8) == (False, False)  # type: ignore[union-attr]
 
 
 def test_fp8_unavailable_points_to_probe(monkeypatch: pytest.MonkeyPatch) -> None:

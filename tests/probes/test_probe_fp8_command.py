@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rlstack.matrix import fp8 as commands
 from rlstack.matrix import store
 from rlstack.matrix.schema import Matrix, ProbeCell, Row
-from rlstack.probes import commands, suite
+from rlstack.probes import suite
 from rlstack.probes.model import Evidence, ProbeReport, ProbeResult
 
 REF_LOCK, NEW_LOCK, OLD_LOCK = "a" * 64, "b" * 64, "c" * 64
@@ -168,6 +169,6 @@ def test_json_holds_both_reports_and_output_writes_each(fake_suite: FakeSuite, t
 
 def test_suggest_searches_from_the_reference(fake_suite: FakeSuite, monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
-    monkeypatch.setattr(commands, "_suggest", lambda stack, arch, json_=False: asked.append(stack) or (0, None))
+    monkeypatch.setattr(commands, "run_suggest", lambda stack, arch, json_=False: asked.append(stack) or (0, None))
     assert commands.probe_fp8(suggest=True) == 0
     assert asked == ["fp8-report"]

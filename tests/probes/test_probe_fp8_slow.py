@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from rlstack.probes import commands, suite
+from rlstack.matrix import fp8 as commands
+from rlstack.probes import suite
 from rlstack.stacks.model import load_stack
 
 pytestmark = pytest.mark.slow

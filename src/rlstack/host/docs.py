@@ -1,11 +1,13 @@
 """Generated sections of README.md. A section lives between `<!-- NAME:start -->` and `<!-- NAME:end -->`
 and is rewritten from data, never edited by hand; `stale_sections` names the ones that drifted. This module
-renders the compat matrix into the README; the matrix package itself knows nothing of the README."""
+renders the stacks table and the compat matrix into the README (the matrix package itself knows nothing of the
+README). Sections rendered from what imports this module, such as the task table of the commands, are passed
+in with the rest (rlstack.host.commands.readme_sections), so this module imports nothing above it."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rlstack import stacks
@@ -49,31 +51,8 @@ def matrix_section() -> str:
     return render.render_markdown(store.load())
 
 
-def tasks_section() -> str:
-    """The invoke tasks with their options, from the functions they call (the one declaration of each)."""
-    from rlstack.core import options
-    from rlstack.host.commands import tasks
-
-    rows = []
-    for fn in tasks():
-        flags = []
-        for p in options.params(fn):
-            if p.opt.remainder:
-                flags.append("[-- CMD]")
-            elif p.opt.positional:
-                flags.append(p.name.upper())
-            elif p.required:
-                flags.append(f"{p.flag} {p.name.upper()}")
-            elif p.name == "stack":
-                flags.append(f"[--stack {p.default}]")
-        usage = " ".join([f"invoke {options.command_name(fn)}", *flags])
-        rows.append([f"`{usage}`", options.summary(fn)])
-    return markdown_table(["task", "what it does"], rows) + \
-        "\n\n`invoke --help TASK` lists every option of a task.\n"
-
-
-GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "tasks": tasks_section,
-                                             "compat-matrix": matrix_section}
+Generators = Mapping[str, Callable[[], str]]
+GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "compat-matrix": matrix_section}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -89,21 +68,22 @@ def replace_section(text: str, name: str, body: str) -> str:
     return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(3), text, count=1)
 
 
-def render_readme(path: Path | None = None, sections: list[str] | None = None) -> Path:
-    """Rewrite the generated sections (all, or the named ones) of the README in place."""
+def render_readme(generators: Generators, path: Path | None = None, sections: list[str] | None = None) -> Path:
+    """Rewrite the generated sections (all of `generators`, or the named ones) of the README in place."""
     path = path or project_root() / "README.md"
     text = path.read_text()
-    for name, gen in GENERATORS.items():
+    for name, gen in generators.items():
         if sections is None or name in sections:
             text = replace_section(text, name, gen())
     write_atomic(path, text)
     return path
 
 
-def stale_sections(path: Path | None = None) -> list[str]:
+def stale_sections(generators: Generators, path: Path | None = None) -> list[str]:
+    """The sections of `generators` whose text in the README differs from what they render now."""
     path = path or project_root() / "README.md"
     text = path.read_text()
-    return [name for name, gen in GENERATORS.items() if replace_section(text, name, gen()) != text]
+    return [name for name, gen in generators.items() if replace_section(text, name, gen()) != text]
 
 
 def publish_matrix(files: list[Path], path: Path | None = None, *, init: bool = False, drop: list[str] | None = None,

@@ -63,7 +63,7 @@ def render_runtime_rows(rows: list[RuntimeRow], stacks: list[str]) -> str:
     for stack in stacks:
         mine = [r for r in rows if r.stack == stack]
         if not mine:
-            lines.append(f"  {stack}: none measured yet (invoke probe-job --stack {stack} on a GPU runner)")
+            lines.append(f"  {stack}: none measured yet (invoke ci.probe-job --stack {stack} on a GPU runner)")
         for r in mine:
             state = "= the stack's lock" if r.lock_current else "stale: the stack's lock has changed since"
             counts = ", ".join(f"{sum(s == k for s in r.runtime.values())} {k}" for k in ("pass", "fail", "skip"))

@@ -1,39 +1,79 @@
 """The payload's commands: `rlstack train | eval | rescore | compare | adapters`, what runs inside a stack.
 
-Each is a typed function whose parameters declare their own flags (rlstack.core.options): the `rlstack`
-CLI is generated from them, and the host's `invoke train/eval/adapters` lend the same options and forward
-them into the stack's container, so a flag named in a hint exists wherever the user typed the command.
+Each is a typed function whose parameters declare their own flag, help and default (typer's `Annotated`
+options, read by rlstack.core.options): the `rlstack` command is built from them. The options the host's
+`invoke train/eval/adapters` also take are the aliases below, declared once and named in both signatures; the
+host forwards them into the stack's container (`argv_for`), so a flag named in a hint exists wherever the
+user typed the command. Options of paths inside the container (--output, --root) are the payload's alone.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import typer
+
 from rlstack.core.errors import RlstackError
-from rlstack.core.options import Opt
 
 DEFAULT_RECIPE = "gsm8k-grpo"
 
-Recipe = Annotated[str | None, Opt("recipe file or name in recipes/ (train: gsm8k-grpo, or under invoke the stack's "
-                                   "default_recipe; eval: the adapter's own recipe)")]
-Overrides = Annotated[list[str] | None, Opt("override a recipe field, KEY=VALUE, e.g. grpo.max_steps=10 (repeatable)",
-                                     flag="--set", metavar="KEY=VALUE")]
-Data = Annotated[str | None, Opt("problems: gsm8k, generated:N, generated-easy:N (one small step) or a JSONL file")]
-Model = Annotated[str | None, Opt("base model: a hub id, a local folder, 'tiny' (the recipe's tiny model) or "
-                                  "'embedded:smollm2-135m' (a small pretrained model from a pinned PyPI wheel)")]
-AsJson = Annotated[bool, Opt("machine-readable output", flag="--json")]
-Output = Annotated[Path | None, Opt("output folder (default: under runs/)", in_container=True)]
-StoreRoot = Annotated[Path | None, Opt("adapter store (default: $RLSTACK_ADAPTERS, /adapters, ./runs/adapters)",
-                                       in_container=True)]
+# --- options the host lends (invoke train, eval, adapters): each declared here once ---------------------------
+Recipe = Annotated[str | None, typer.Option(help="recipe file or name in recipes/ (train: gsm8k-grpo, or under "
+                                                 "invoke the stack's default_recipe; eval: the adapter's own "
+                                                 "recipe)")]
+Overrides = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="KEY=VALUE", help="override a recipe field, KEY=VALUE, e.g. grpo.max_steps=10 (repeatable)")]
+Data = Annotated[str | None, typer.Option(help="problems: gsm8k, generated:N, generated-easy:N (one small step) or "
+                                               "a JSONL file")]
+Model = Annotated[str | None, typer.Option(help="base model: a hub id, a local folder, 'tiny' (the recipe's tiny "
+                                                "model) or 'embedded:smollm2-135m' (a small pretrained model from "
+                                                "a pinned PyPI wheel)")]
+AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+MaxSteps = Annotated[int | None, typer.Option(help="GRPO steps (overrides grpo.max_steps)")]
+AdapterName = Annotated[str | None, typer.Option(help="adapter name in the store (default: <recipe>-<UTC time>)")]
+Resume = Annotated[bool, typer.Option(help="continue the run from its last sealed checkpoint")]
+Fp8 = Annotated[bool, typer.Option(help="Unsloth's FP8 RL path: load_in_fp8 + vLLM rollouts (the fp8 stack)")]
+Overwrite = Annotated[bool, typer.Option(help="replace an adapter of the same name")]
+TrainJson = Annotated[bool, typer.Option("--json", help="print the adapter's manifest as JSON at the end")]
+
+Adapter = Annotated[str | None, typer.Option(help="adapter name in the store, or its folder; checked against its "
+                                                  "manifest first")]
+EvalModel = Annotated[str | None, typer.Option("--model", help="base model (default: the adapter's base_model)")]
+Backend = Annotated[Literal["hf", "vllm"] | None, typer.Option(help="generation backend (default: the recipe's, "
+                                                                    "else hf)")]
+Questions = Annotated[int | None, typer.Option("-n", help="number of questions, the first N in order (default 300)")]
+Split = Annotated[str | None, typer.Option(help="dataset split (default: test)")]
+BatchSize = Annotated[int | None, typer.Option(help="generation batch size (hf backend)")]
+MaxNewTokens = Annotated[int | None, typer.Option(help="generation length limit")]
+Seed = Annotated[int | None, typer.Option(help="seed (decoding is greedy; the seed fixes anything random)")]
+LoadIn4bit = Annotated[bool, typer.Option(help="load the base in 4-bit (bitsandbytes, GPU)")]
+Unquantized = Annotated[bool, typer.Option(help="load the base as its checkpoint stores it (bf16), even where the "
+                                                "adapter's recipe loads it in 4-bit or FP8: the base vLLM's bf16 + "
+                                                "LoRARequest runs, to compare two engines on one base")]
+Fastgen = Annotated[bool, typer.Option(help="hf backend: greedy decoding through rlstack's fastgen (static cache, "
+                                            "LoRA merged, fused CUDA-graph kernels) instead of transformers' "
+                                            "generate; in bf16 a near-tie can flip a greedy token "
+                                            "(bench/results/fastgen_fidelity.md); falls back once on failure")]
+ReferenceKernels = Annotated[bool, typer.Option(help="with --fastgen: transformers' own kernels (adapter unmerged) "
+                                                     "replayed in a CUDA graph, for generate's tokens at graph "
+                                                     "speed")]
+EvalJson = Annotated[bool, typer.Option("--json", help="print the results as JSON")]
+Verify = Annotated[bool, typer.Option(help="also check every file against the sha256 in its manifest")]
+
+# --- the payload's own: paths inside the stack ----------------------------------------------------------------
+StoreRoot = Annotated[Path | None, typer.Option(help="adapter store (default: $RLSTACK_ADAPTERS, /adapters, "
+                                                     "./runs/adapters)")]
 
 
 def train_overrides(overrides: list[str] | None, data: str | None = None, model: str | None = None,
                     max_steps: int | None = None) -> list[str]:
     """The recipe overrides a `train` call means: its --set items, then the shorthand flags. The host reads the
-    same recipe through this (`invoke compose` needs its model for the vLLM server), so both see one recipe."""
+    same recipe through this (`invoke train --vllm-server` needs its model for the vLLM server), so both see one
+    recipe."""
     extra = list(overrides or [])
     if data:
         extra.append(f"data.train={json.dumps(data)}")
@@ -49,15 +89,15 @@ def train(
     overrides: Overrides = None,
     data: Data = None,
     model: Model = None,
-    max_steps: Annotated[int | None, Opt("GRPO steps (overrides grpo.max_steps)")] = None,
-    adapter_name: Annotated[str | None, Opt("adapter name in the store (default: <recipe>-<UTC time>)")] = None,
-    resume: Annotated[bool, Opt("continue the run from its last sealed checkpoint")] = False,
-    fp8: Annotated[bool, Opt("Unsloth's FP8 RL path: load_in_fp8 + vLLM rollouts (the fp8 stack)")] = False,
-    overwrite: Annotated[bool, Opt("replace an adapter of the same name")] = False,
-    output: Annotated[Path | None, Opt("run folder for metrics and checkpoints (default: runs/train/<name>)",
-                                       in_container=True)] = None,
+    max_steps: MaxSteps = None,
+    adapter_name: AdapterName = None,
+    resume: Resume = False,
+    fp8: Fp8 = False,
+    overwrite: Overwrite = False,
+    output: Annotated[Path | None, typer.Option(help="run folder for metrics and checkpoints (default: "
+                                                     "runs/train/<name>)")] = None,
     adapters_root: StoreRoot = None,
-    json_: Annotated[bool, Opt("print the adapter's manifest as JSON at the end", flag="--json")] = False,
+    json_: TrainJson = False,
 ) -> int:
     """GRPO-train a LoRA adapter from a recipe (TRL; Unsloth where the stack has it); writes the adapter with
     its manifest.json, per-step metrics and a reward-curve PNG."""
@@ -112,30 +152,22 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
 
 
 def eval_(
-    adapter: Annotated[str | None, Opt("adapter name in the store, or its folder; checked against its manifest "
-                                       "first")] = None,
-    model: Annotated[str | None, Opt("base model (default: the adapter's base_model)")] = None,
-    backend: Annotated[Literal["hf", "vllm"] | None, Opt("generation backend (default: the recipe's, else hf)")]
-    = None,
-    n: Annotated[int | None, Opt("number of questions, the first N in order (default 300)", flag="-n")] = None,
+    adapter: Adapter = None,
+    model: EvalModel = None,
+    backend: Backend = None,
+    n: Questions = None,
     data: Data = None,
-    split: Annotated[str | None, Opt("dataset split (default: test)")] = None,
+    split: Split = None,
     recipe: Recipe = None,
-    batch_size: Annotated[int | None, Opt("generation batch size (hf backend)")] = None,
-    max_new_tokens: Annotated[int | None, Opt("generation length limit")] = None,
-    seed: Annotated[int | None, Opt("seed (decoding is greedy; the seed fixes anything random)")] = None,
-    load_in_4bit: Annotated[bool, Opt("load the base in 4-bit (bitsandbytes, GPU)")] = False,
-    unquantized: Annotated[bool, Opt("load the base as its checkpoint stores it (bf16), even where the adapter's "
-                                     "recipe loads it in 4-bit or FP8: the base vLLM's bf16 + LoRARequest runs, "
-                                     "to compare two engines on one base")] = False,
-    fastgen: Annotated[bool, Opt("hf backend: greedy decoding through rlstack's fastgen (static cache, LoRA merged, "
-                                 "fused CUDA-graph kernels) instead of transformers' generate; in bf16 a near-tie can "
-                                 "flip a greedy token (bench/results/fastgen_fidelity.md); falls back once on "
-                                 "failure")] = False,
-    reference_kernels: Annotated[bool, Opt("with --fastgen: transformers' own kernels (adapter unmerged) replayed "
-                                           "in a CUDA graph, for generate's tokens at graph speed")] = False,
-    output: Output = None,
-    json_: Annotated[bool, Opt("print the results as JSON", flag="--json")] = False,
+    batch_size: BatchSize = None,
+    max_new_tokens: MaxNewTokens = None,
+    seed: Seed = None,
+    load_in_4bit: LoadIn4bit = False,
+    unquantized: Unquantized = False,
+    fastgen: Fastgen = False,
+    reference_kernels: ReferenceKernels = False,
+    output: Annotated[Path | None, typer.Option(help="output folder (default: under runs/)")] = None,
+    json_: EvalJson = False,
 ) -> int:
     """Evaluate a base model or an adapter on GSM8K-style problems: accuracy, format rate, every raw
     generation saved for `rlstack rescore`."""
@@ -166,8 +198,9 @@ def eval_(
 
 
 def rescore(
-    generations: Annotated[Path, Opt("a generations.jsonl written by rlstack eval", positional=True)],
-    output: Annotated[Path | None, Opt("where to write (default: results.rescored.json beside it)")] = None,
+    generations: Annotated[Path, typer.Argument(help="a generations.jsonl written by rlstack eval")],
+    output: Annotated[Path | None, typer.Option(help="where to write (default: results.rescored.json beside it)")]
+    = None,
 ) -> int:
     """Re-score saved generations with the current answer extractor (no model needed)."""
     from rlstack.payload.evaluate import scoring
@@ -212,9 +245,9 @@ def format_compare(c: dict[str, Any], *, flips: bool = True, sentence: bool = Tr
 
 
 def compare(
-    base: Annotated[Path, Opt("results.json of the base model (from rlstack eval)", positional=True)],
-    tuned: Annotated[Path, Opt("results.json of the tuned adapter, on the same questions", positional=True)],
-    iters: Annotated[int, Opt("bootstrap resamples")] = 10_000,
+    base: Annotated[Path, typer.Argument(help="results.json of the base model (from rlstack eval)")],
+    tuned: Annotated[Path, typer.Argument(help="results.json of the tuned adapter, on the same questions")],
+    iters: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
     json_: AsJson = False,
 ) -> int:
     """Paired base-vs-tuned comparison of accuracy and format: delta, exact McNemar p-value, bootstrap interval,
@@ -228,7 +261,7 @@ def compare(
 
 def adapters(
     root: StoreRoot = None,
-    verify: Annotated[bool, Opt("also check every file against the sha256 in its manifest")] = False,
+    verify: Verify = False,
     json_: AsJson = False,
 ) -> int:
     """List the adapters in the store: name, base model, stack, lock, date, metrics, and whether each can be
@@ -265,4 +298,4 @@ def adapters(
     return store.IntegrityError.exit_code if bad else 0
 
 
-COMMANDS = [train, eval_, rescore, compare, adapters]
+COMMANDS: list[Callable[..., Any]] = [train, eval_, rescore, compare, adapters]

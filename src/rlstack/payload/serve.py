@@ -1,6 +1,6 @@
 """`python -m rlstack.payload.serve ARGS`: TRL's rollout server for GRPO's server mode (`trl vllm-serve`,
 trl/scripts/vllm_serve.py), made to start on the locked versions. ARGS are vllm-serve's own flags (--model,
---port, --tensor_parallel_size, ...), parsed by trl's own parser; `invoke compose` writes them.
+--port, --tensor_parallel_size, ...), parsed by trl's own parser; `invoke train --vllm-server` writes them.
 
 Why not `trl vllm-serve` as it is: trl 0.24.0's script was written against vLLM 0.10/0.11, and the fp8 stack
 locks vLLM 0.21.0, where (read from both wheels):
