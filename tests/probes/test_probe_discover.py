@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from rlstack.probes import discover, pyast
 from rlstack.probes.wheels import SourceSet
 from rlstack.stacks.locks import LockedPackage
 from rlstack.stacks.model import load_stack
+
+# the passes that check statements on live paths (all but pastes, which read A's files whole)
+WALKED: tuple[discover.Kind, ...] = ("replacement", "import", "keyword")
 
 HOST = {
     "hostlib/__init__.py": "",
@@ -182,8 +186,8 @@ def make_wheel(tmp: Path, name: str, files: dict[str, str]) -> Path:
     return path
 
 
-def run(tmp: Path, *, base_has_warmup: bool = False, host_extra: dict[str, str] | None = None
-        ) -> discover.Discovery:
+def run(tmp: Path, *, base_has_warmup: bool = False, host_extra: dict[str, str] | None = None,
+        kinds: Sequence[discover.Kind] = discover.KINDS) -> discover.Discovered:
     host = {**HOST, "hostlib/gen_trainer.py": "def helper_from_module(x):\n    return x\n", **(host_extra or {})}
     (tmp / "h").mkdir(exist_ok=True)
     (tmp / "p").mkdir(exist_ok=True)
@@ -191,14 +195,11 @@ def run(tmp: Path, *, base_has_warmup: bool = False, host_extra: dict[str, str] 
                      "patcher": make_wheel(tmp / "p", "patcher", patcher(base_has_warmup))})
     locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
               "patcher": LockedPackage("patcher", "1.0", frozenset())}
-    d = discover.Discovery(load_stack("cpu"), src, locked, ["patcher"])
-    d.walk("patcher")
-    d.pastes("patcher")
-    return d
+    return discover.find(load_stack("cpu"), src, locked, ["patcher"], kinds=kinds)
 
 
-def by_key(d: discover.Discovery) -> dict[str, discover.Finding]:
-    return {f.key: f for f in d.tally.findings}
+def by_key(d: discover.Discovered) -> dict[str, discover.Finding]:
+    return {f.key: f for f in d.findings}
 
 
 @pytest.fixture
@@ -267,16 +268,57 @@ def test_paste_passes_when_the_key_module_binds_the_name(tmp_path: Path) -> None
 
 def test_counts_and_results(tmp_path: Path) -> None:
     d = run(tmp_path)
-    res = discover._as_results(d, {})
+    res = discover.render(d, {})
     summary = res[-1]
     assert summary.id == "discovered:summary" and summary.status == "pass"
     assert "contracts checked" in summary.reason and "suppressed by a rule" in summary.reason
     assert any(e.text.startswith("rule caught") for e in summary.evidence)
     fails = [r for r in res if r.status == "fail"]
     assert {r.id.split(":")[2] for r in fails} == {"import", "keyword", "replacement", "paste"}
-    assert d.tally.checked["import"] > 5 and d.tally.checked["paste"] == 2
+    assert d.checked["import"] > 5 and d.checked["paste"] == 2
     # a wheel that could not be read leaves the summary undecided, never a pass
-    assert discover._as_results(d, {"hostlib": "no wheel"})[-1].undecided
+    assert discover.render(d, {"hostlib": "no wheel"})[-1].undecided
+
+
+# -- each pass alone: the model and the walk are shared, the passes are not ---------------------------------
+
+@pytest.mark.parametrize(("kind", "keys"), [
+    ("replacement", ["hostlib.runner.Manager", "hostlib.api.Engine.helper"]),
+    ("import", ["hostlib.api.gone_plain", "hostlib.api.gone_available"]),
+    ("paste", ['ITEMS["gen_trainer"]:loss']),
+    ("keyword", ["hostlib.api.run(colour)", "hostlib.api.Engine(device)"]),
+])
+def test_each_pass_alone_finds_its_breaks(tmp_path: Path, kind: discover.Kind, keys: list[str]) -> None:
+    d = run(tmp_path, kinds=[kind])
+    found = by_key(d)
+    for key in keys:
+        assert found[key].rule is None and found[key].kind == kind, key
+    assert {f.kind for f in d.findings} == {kind}
+    assert set(d.checked) == {kind} and d.checked[kind] > 0
+    # typed findings: A's site first, as file:line in A
+    f = found[keys[0]]
+    assert f.evidence and f.evidence[0].file and f.evidence[0].line
+
+
+def test_the_passes_merge_in_source_order_whatever_order_they_run(tmp_path: Path) -> None:
+    """Findings of separate passes come back in the walk's order, so the rendered results (which keep the first
+    message of a repeated break) do not depend on which pass ran first."""
+    forward = run(tmp_path)
+    backward = run(tmp_path, kinds=list(reversed(discover.KINDS)))
+    assert [(f.kind, f.key, f.rule) for f in forward.findings] == [(f.kind, f.key, f.rule) for f in backward.findings]
+    assert [f.order for f in forward.findings] == sorted(f.order for f in forward.findings)
+    dump = [r.model_dump() for r in discover.render(forward, {})]
+    assert dump == [r.model_dump() for r in discover.render(backward, {})]
+
+
+def test_the_code_hash_reads_every_discovery_module() -> None:
+    """A cached discovery result is keyed by the probes' code: each listed file must exist (a renamed one would
+    silently drop out of the key), and every module of the discover package counts."""
+    from rlstack.probes import inputs
+
+    here = Path(inputs.__file__).parent
+    assert all((here / name).exists() for name in inputs._CODE)
+    assert "discover" in inputs._CODE and (here / "discover" / "imports.py").is_file()
 
 
 # -- attribute chains on B's modules: `import B.x` then `B.x.Y` is checked like `from B.x import Y` ---------
@@ -342,9 +384,7 @@ def chains(tmp: Path) -> dict[str, discover.Finding]:
                      "patcher": make_wheel(tmp / "p", "patcher", {"patcher/__init__.py": CHAIN_PATCHER})})
     locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
               "patcher": LockedPackage("patcher", "1.0", frozenset())}
-    d = discover.Discovery(load_stack("cpu"), src, locked, ["patcher"])
-    d.walk("patcher")
-    return by_key(d)
+    return by_key(discover.find(load_stack("cpu"), src, locked, ["patcher"], kinds=WALKED))
 
 
 def test_attribute_chains_on_modules_are_checked_like_from_imports(tmp_path: Path) -> None:
@@ -417,7 +457,7 @@ def install():
 
 
 def two_as(tmp: Path, patcher_files: dict[str, str], others: dict[str, dict[str, str]] | None = None
-           ) -> discover.Discovery:
+           ) -> discover.Discovered:
     wheels_: dict[str, Path] = {}
     for name, files in {"hostlib": {**HOST, "hostlib/gen_trainer.py": ""}, "patcher": patcher_files,
                         **(others or {})}.items():
@@ -425,26 +465,23 @@ def two_as(tmp: Path, patcher_files: dict[str, str], others: dict[str, dict[str,
         wheels_[name] = make_wheel(tmp / name, name, files)
     locked = {n: LockedPackage(n, "2.0" if n == "hostlib" else "1.0", frozenset()) for n in wheels_}
     a = sorted(n for n in wheels_ if n != "hostlib")
-    d = discover.Discovery(load_stack("cpu"), SourceSet(dict(wheels_)), locked, a)
-    for pkg in a:
-        d.walk(pkg)
-    return d
+    return discover.find(load_stack("cpu"), SourceSet(dict(wheels_)), locked, a, kinds=WALKED)
 
 
 def test_an_early_exit_guards_the_rest_of_its_block(tmp_path: Path) -> None:
     d = two_as(tmp_path, {"patcher/__init__.py": EXITS_PATCHER})
     assert by_key(d)["hostlib.api.gone_after_version_exit"].rule is None  # the version exit does not fire on 3.11
-    runs = {f.evidence[0].line: f.rule for f in d.tally.findings if f.key == "hostlib.api.run(colour)"}
+    runs = {f.evidence[0].line: f.rule for f in d.findings if f.key == "hostlib.api.run(colour)"}
     assert runs == {17: "guard-unknown",  # after `if not permitted: return`: runs only when it did not return
                     27: None}  # plain(): live; line 23, after a return that always happens on 3.11, never runs
 
 
 def test_a_missing_module_is_one_finding_whatever_is_imported_from_it(tmp_path: Path) -> None:
     d = two_as(tmp_path, {"patcher/__init__.py": EXITS_PATCHER})
-    gone = [f for f in d.tally.findings if "hostlib.gone" in f.key]
+    gone = [f for f in d.findings if "hostlib.gone" in f.key]
     assert {f.key for f in gone} == {"hostlib.gone"}
     assert all("No module named 'hostlib.gone'" in f.message for f in gone)
-    res = [r for r in discover._as_results(d, {}) if r.id.endswith(":import:hostlib.gone")]
+    res = [r for r in discover.render(d, {}) if r.id.endswith(":import:hostlib.gone")]
     assert len(res) == 1 and {e.line for e in res[0].evidence} == {9, 10}
 
 
@@ -452,7 +489,7 @@ def test_a_name_another_package_installs_is_real_and_says_who_installs_it(tmp_pa
     (tmp_path / "x").mkdir()
     d = two_as(tmp_path / "x", {"patcher/__init__.py": "from hostlib.api import Shim\n"},
                {"shimmer": {"shimmer/__init__.py": SHIMMER}})
-    res = next(r for r in discover._as_results(d, {}) if r.id.endswith(":import:hostlib.api.Shim"))
+    res = next(r for r in discover.render(d, {}) if r.id.endswith(":import:hostlib.api.Shim"))
     assert res.status == "fail" and "shimmer assigns hostlib.api.Shim itself (shimmer/__init__.py:10)" in res.reason
     assert ("shimmer", "shimmer/__init__.py", 10) in {(e.package, e.file, e.line) for e in res.evidence}
 
@@ -475,9 +512,7 @@ def test_relative_imports_in_a_package_init_resolve_inside_the_package(tmp_path:
                          "patcher/__init__.py": "from hostlib.pkg import there, not_there\n"})})
     locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
               "patcher": LockedPackage("patcher", "1.0", frozenset())}
-    d = discover.Discovery(load_stack("cpu"), src, locked, ["patcher"])
-    d.walk("patcher")
-    found = by_key(d)
+    found = by_key(discover.find(load_stack("cpu"), src, locked, ["patcher"], kinds=WALKED))
     assert "hostlib.pkg.there" not in found
     assert found["hostlib.pkg.not_there"].rule is None  # read through the star import, not suppressed as unreadable
 

@@ -20,66 +20,21 @@ import platform
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
-from pathlib import Path
 
 from rlstack.core.errors import LockError, RlstackError
-from rlstack.probes import contract, environment, remote, resolve, runtime, signatures, toolchain
+from rlstack.probes import contract, discover, environment, remote, resolve, runtime, signatures, toolchain
+from rlstack.probes.inputs import code_hash, fetch_sources
 from rlstack.probes.model import LAYERS, Evidence, ProbeReport, ProbeResult, timed
 from rlstack.probes.remote import RemoteWheel
-from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, cache_dir
+from rlstack.probes.wheels import SourceSet, WheelCache, cache_dir
 from rlstack.stacks import locks
 from rlstack.stacks.locks import LockedPackage, parse_locked
 from rlstack.stacks.model import Stack, load_stack
-
-# The files whose content decides a static probe's answer, besides the wheels: a change to any of them
-# invalidates every cached result.
-_CODE = ("contract.py", "pyast.py", "toolchain.py", "discover.py", "contracts.yaml", "toolchain.yaml", "suite.py")
-
-
-@cache
-def code_hash() -> str:
-    h = hashlib.sha256()
-    for name in _CODE:
-        p = Path(__file__).with_name(name)
-        h.update(name.encode() + (p.read_bytes() if p.is_file() else b"-"))
-    return h.hexdigest()
 
 
 def locked_packages(stack: Stack, lock_text: str | None = None) -> dict[str, LockedPackage]:
     """The stack's lock (or another lock text for it, such as a --suggest candidate's), parsed by locks."""
     return parse_locked(lock_text) if lock_text is not None else locks.locked_packages(stack)
-
-
-def fetch_sources(stack: Stack, names: set[str], locked: dict[str, LockedPackage], cache: WheelCache,
-                  prefetch_skip: frozenset[str] = frozenset({"torch"}), any_platform: bool = False,
-                  prefetch: bool = True) -> tuple[SourceSet, dict[str, str], dict[str, str]]:
-    """Readers for the locked wheels of `names` (those in the lock), {package: why} for those that cannot be
-    read, and {package: sha256 of the file read} (the cache key). Index listings are fetched in parallel; with
-    `prefetch` each remote wheel's Python sources come in a few range requests (what discovery reads: nearly
-    all of them), without it members are read as the analysis opens them (what a contract case reads: a few)."""
-    wheels: dict[str, Path | RemoteWheel] = {}
-    errors: dict[str, str] = {}
-    digests: dict[str, str] = {}
-
-    def one(name: str) -> None:
-        try:
-            w = cache.open(locked[name], stack.python, stack.platform, any_platform=any_platform)
-            wheels[name] = w
-            digests[name] = w.sha256 if isinstance(w, RemoteWheel) else cache.digest(w)
-            if isinstance(w, RemoteWheel) and prefetch and name not in prefetch_skip:
-                w.prefetch_sources()
-        except WheelError as exc:
-            errors[name] = str(exc)
-        except RlstackError as exc:  # a member that RECORD does not vouch for, a file that changed size
-            errors[name] = str(exc)
-        except (OSError, KeyError, ValueError) as exc:  # the network, a malformed zip
-            errors[name] = f"{type(exc).__name__}: {exc}"
-
-    todo = sorted(n for n in names if n in locked)
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(one, todo))
-    return SourceSet(dict(sorted(wheels.items()))), errors, digests
 
 
 def _result_cache(key: Mapping[str, object], fn: Callable[[], ProbeResult]) -> ProbeResult:
@@ -272,8 +227,6 @@ def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
         futures = [pool.submit(j) if callable(j) else j for j in jobs]
         out += [f.result() if isinstance(f, Future) else f for f in futures]
         if "contract" in layers and discovered_only:
-            from rlstack.probes import discover
-
             out += discover.results(stack, locked=locked, cache=cache)
     finally:
         pool.shutdown(wait=True)

@@ -1,0 +1,104 @@
+"""Discovery: contracts between locked packages found in their sources, not listed by hand.
+
+For each package A among the stack's top-level requirements, and every locked package B it reaches into,
+read from the locked wheels (no import, no GPU), in three steps:
+
+- model (rlstack.probes.discover.model): the wheels' APIs, built once: which modules exist, what they bind,
+  what parameters a callee takes;
+- sites (rlstack.probes.discover.sites): one walk over A's modules that records every statement on a path
+  that runs in this stack, under guards evaluated against the lock (`TYPE_CHECKING` is false,
+  `is_X_available()` is whether X is locked, version comparisons use the locked version; guards.py);
+- passes, each comparing A's sites with the model and returning typed findings (findings.py):
+  1. replacements: A assigns (or setattr's) onto a module or class attribute of B (replacements.py);
+  2. imports: every name A imports from B and every attribute A reads on one of B's modules (imports.py);
+  3. pastes: every function whose source A pastes into a code template finds its free names there
+     (pastes.py);
+  4. keywords: every keyword A passes to B's functions and constructors is a parameter of the callee
+     (keywords.py).
+
+One renderer (render.py) turns all findings into probe results. A finding that a rule suppresses is counted
+with the rule's reason (RULES), never dropped silently.
+
+The split follows griffe's loader / visitor / extension one: the model loads, the walk visits, each pass is
+an analysis that can be run (and tested) alone. Why not griffe itself (it loads a package's API from source
+with parameters, bases and aliases): discovery needs the use sites (calls, attribute loads on receivers,
+assignments inside function bodies, the guards around each), which griffe does not model; the provider side
+needs the lazy-module and star-import rules either way; and one `ast` parse per file, shared with the contract
+cases, serves both sides without another dependency in every image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from rlstack.core.pkgnames import requirement_name
+from rlstack.probes.discover import imports, keywords, pastes, replacements, sites
+from rlstack.probes.discover.findings import KINDS, RULES, Discovered, Finding, Kind, PassResult
+from rlstack.probes.discover.model import ApiModel
+from rlstack.probes.discover.render import render
+from rlstack.probes.inputs import code_hash, fetch_sources
+from rlstack.probes.model import ProbeResult
+from rlstack.probes.remote import write_text
+from rlstack.probes.wheels import SourceSet, WheelCache, cache_dir
+from rlstack.stacks.locks import LockedPackage
+from rlstack.stacks.model import Stack
+
+__all__ = ["KINDS", "PASSES", "RULES", "Discovered", "Finding", "Kind", "a_set", "find", "render", "results"]
+
+Pass = Callable[[ApiModel, sites.Uses], PassResult]
+PASSES: dict[Kind, Pass] = {"replacement": replacements.find, "import": imports.find, "paste": pastes.find,
+                            "keyword": keywords.find}
+
+
+def find(stack: Stack, sources: SourceSet, locked: dict[str, LockedPackage], a_set: Sequence[str],
+         kinds: Sequence[Kind] = KINDS) -> Discovered:
+    """Every finding of the passes in `kinds` for the A packages in `a_set` (those with sources in `sources`),
+    in source order: the model and the walk once, then each pass over them."""
+    model = ApiModel(stack, sources, locked)
+    uses = sites.walk(model, a_set)
+    done = [PASSES[k](model, uses) for k in kinds]
+    findings = sorted((f for r in done for f in r.findings), key=lambda f: f.order)
+    return Discovered(list(a_set), findings, Counter({r.kind: r.checked for r in done if r.checked}), uses.installs)
+
+
+def a_set(stack: Stack, locked: dict[str, LockedPackage]) -> list[str]:
+    """The packages discovery reads as A: the stack's top-level requirements that are locked."""
+    return sorted({requirement_name(line) for line in stack.top_level} & set(locked))
+
+
+def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache) -> list[ProbeResult]:
+    """Discovery's findings as probe results (one per finding, then one summary with the counts and the
+    suppression rules that applied), cached under the wheels' sha256 and the probes' code."""
+    a = a_set(stack, locked)
+    # B: every locked package with Python sources that an A imports from; found from A's imports' top names
+    sources, _, _ = fetch_sources(stack, set(a), locked, cache)
+    tops: set[str] = set()
+    try:
+        for pkg in a:
+            for n in sources.name_set(pkg):
+                if n.endswith(".py"):
+                    for m in re.finditer(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", sources.read(pkg, n) or "", re.M):
+                        tops.add(m[1])
+    finally:
+        sources.close()
+    b = {p for p in locked if p.replace("-", "_") in tops or p in tops} - set(a)
+    key = {"stack": stack.name, "a": a,
+           "locked": sorted(f"{n}=={p.version}" for n, p in locked.items() if n in b | set(a)),
+           "python": stack.python, "platform": stack.platform, "code": code_hash()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    path = cache_dir() / "results" / f"discover-{digest}.json"
+    if path.is_file():
+        return [ProbeResult.model_validate(r) for r in json.loads(path.read_text())]
+    sources, errors, _ = fetch_sources(stack, set(a) | b, locked, cache, prefetch_skip=frozenset())
+    try:
+        out = render(find(stack, sources, locked, a), errors)
+    finally:
+        sources.close()
+    if not any(r.undecided for r in out):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps([r.model_dump(mode="json") for r in out]))
+    return out

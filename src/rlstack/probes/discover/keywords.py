@@ -1,0 +1,71 @@
+"""The keywords pass: every keyword A passes to B's functions and constructors must be a parameter of the
+callee in B's locked version (or the callee takes **kwargs).
+
+The callee is what the call's name resolves to through A's imports (`from B.x import f` then `f(k=...)`,
+`import B.x` then `B.x.f(k=...)`); a constructor's parameters are its class's __init__, or the first base's
+that the sources hold. A callee whose signature a decorator or a generated constructor may change is counted
+under a rule, not compared.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from rlstack.probes.discover.findings import PassResult
+from rlstack.probes.discover.model import ApiModel, Scope
+from rlstack.probes.discover.sites import Site, Uses, setattr_assign
+from rlstack.probes.model import Evidence
+
+
+def find(model: ApiModel, uses: Uses) -> PassResult:
+    out = PassResult("keyword")
+    for site, i, node in uses.statement_nodes():
+        if isinstance(node, ast.Call) and node.keywords and setattr_assign(node) is None:
+            _keywords(model, site, node, (site.seq, i), out)
+    return out
+
+
+def _keywords(model: ApiModel, site: Site, call: ast.Call, order: tuple[int, ...], out: PassResult) -> None:
+    kws = [k.arg for k in call.keywords if k.arg]
+    if not kws:
+        return
+    a = site.ctx.a
+    callee = _callee(model, call.func, site.ctx.scope)
+    if callee is None:
+        return
+    b, module, name = callee
+    if b == a or b not in model.src.wheels:
+        return
+    loc = model.module_exists(module)
+    if loc is None:
+        return
+    pkg, file, node, status = model.an.lookup(loc[0], loc[1], name)
+    if status != "found" or node is None:
+        return
+    out.checked += 1
+    ev = [Evidence(text=ast.unparse(call)[:200], package=a, file=site.ctx.file, line=call.lineno)]
+    params, rule, home = model.signature(pkg, file, node)
+    if params is None:
+        if rule:
+            out.add(a, b, f"{module}.{name}(...) keywords not checked", ev, rule, f"{module}.{name}", order)
+        return
+    missing = [k for k in kws if k not in params.names and not params.var_kw]
+    if missing:
+        ev.append(Evidence(text=f"{name}{params.text}", package=pkg, file=home[0], line=home[1]))
+        out.add(a, b, f"TypeError: {name}() got an unexpected keyword argument '{missing[0]}' ({a} passes "
+                f"{', '.join(missing)}; {b} {model.version(b)} does not take it)", ev, site.ctx.rule,
+                f"{module}.{name}({','.join(missing)})", order)
+
+
+def _callee(model: ApiModel, func: ast.expr, scope: Scope) -> tuple[str, str, str] | None:
+    """(B, module, name) of the def or class a call names through A's imports; None when it names none."""
+    if isinstance(func, ast.Name) and func.id in scope:
+        module, attr = scope[func.id]
+        b = model.owner(module)
+        return (b, module, attr) if b and attr else None
+    if isinstance(func, ast.Attribute):
+        hit = model.target(func, scope)
+        if hit and len(hit[1]) == 1:
+            b = model.owner(hit[0])
+            return (b, hit[0], hit[1][0]) if b else None
+    return None

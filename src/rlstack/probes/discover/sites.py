@@ -1,0 +1,297 @@
+"""A's use sites: one walk over each A package's modules that records every statement on a path that runs
+in this stack, with where it sits (the guards around it, what catches its failure, the function, the names
+in scope), for the passes to check against the ApiModel.
+
+The walk is the one place that decides which paths run (guards evaluated against the lock by
+rlstack.probes.discover.guards; an early exit guards the rest of its block) and which names a statement sees
+(module imports, a function's own imports, less the names it rebinds), so the passes agree on both. It also
+collects what a pass needs about A as a whole before checking any of it: the modules A references (an import
+or a string naming them) and the names A assigns onto B's modules itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from rlstack.probes import contract, pyast
+from rlstack.probes.discover.guards import Guards
+from rlstack.probes.discover.model import ApiModel, Bound, Scope
+
+CATCHES = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError", "Exception", "BaseException",
+           "NameError", "RuntimeError", "ValueError", "KeyError"}
+
+
+@dataclass(frozen=True, eq=False)
+class Ctx:
+    """Where a statement sits: in which of A's files, whether its path runs in this stack, what catches its
+    failure, the function, and the imports it sees."""
+
+    a: str
+    file: str
+    imports: Scope  # the module's imports ({local name: (module, attr)}), wherever in the module they are
+    live: bool | None = True  # True: runs; None: under a guard that cannot be evaluated; False: never
+    caught: bool = False
+    func: str | None = None
+    local: Scope = field(default_factory=dict)  # the enclosing functions' own imports
+    shadow: frozenset[str] = frozenset()  # names the function binds itself (parameters, assignments)
+
+    @cached_property
+    def scope(self) -> Scope:
+        """The imports a statement sees: the module's and the function's own, less the names the function
+        rebinds (a parameter called `model` is not the module imported as `model`). Shared by every statement
+        of a block, so computed once per block."""
+        scope = {**self.imports, **self.local}
+        return {k: v for k, v in scope.items() if k not in self.shadow or k in self.local} if self.shadow else scope
+
+    @property
+    def rule(self) -> str | None:
+        """The suppression rule any finding here falls under, whatever its kind."""
+        return "caught" if self.caught else "guard-unknown" if self.live is None else None
+
+    @property
+    def where(self) -> str:
+        """When the statement runs, for a finding's message."""
+        return f" in {self.func}()" if self.func else f" when {contract._dotted(self.file)} is imported"
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One place in A that runs in this stack: a simple statement (`statement`, an import or anything else
+    that is not a block), or the expressions a block statement evaluates where it stands (its test, its
+    decorators and defaults, its bases, its with-items or loop iterable), in `reads`."""
+
+    seq: int  # the order of the walk, over all A packages: findings are rendered in this order
+    ctx: Ctx
+    statement: ast.stmt | None
+    reads: tuple[ast.AST, ...]
+    # the statement's assignments and the calls that may assign or pass keywords, with their place in
+    # pyast.walk's order: found by the walk's one pass over the statement, so no pass walks it again
+    nodes: tuple[tuple[int, ast.Assign | ast.Call], ...] = ()
+
+
+@dataclass
+class Uses:
+    """Every live site of the A packages, in walk order, and what was collected about each A on the way."""
+
+    sites: list[Site] = field(default_factory=list)
+    refs: dict[str, set[str]] = field(default_factory=dict)  # A -> the modules (and names) it references
+    # A -> {(B module, name): (file, line)} that A assigns onto B's modules itself
+    installs: dict[str, dict[tuple[str, str], tuple[str, int]]] = field(default_factory=dict)
+    end: dict[str, int] = field(default_factory=dict)  # A -> a seq after all its sites (where its pastes go)
+
+    def referenced(self, a: str, f: str) -> bool:
+        """Whether a source of A imports this module on a path that runs (not under a guard that is false in
+        this stack) or names it in a string (a registry, importlib)."""
+        mod = contract._dotted(f)
+        refs = self.refs.get(a, set())
+        return "." not in mod or mod in refs or mod.rsplit(".", 1)[1] in refs or any(
+            r.startswith(mod + ".") for r in refs)
+
+    def import_rule(self, ctx: Ctx) -> str | None:
+        """The rule a missing name read at module level or in a function falls under, beyond ctx.rule."""
+        if ctx.func:
+            return "in-function-import"
+        return None if self.referenced(ctx.a, ctx.file) else "unreferenced-module"
+
+    def installed_by_a(self, a: str, module: str, name: str) -> bool:
+        return (module, name) in self.installs.get(a, {})
+
+    def statement_nodes(self) -> Iterator[tuple[Site, int, ast.Assign | ast.Call]]:
+        """(site, place, node) for the assignments and calls of every simple statement but an import, in
+        pyast.walk's order (the place orders findings inside one statement)."""
+        for site in self.sites:
+            for i, node in site.nodes:
+                yield site, i, node
+
+
+def walk(model: ApiModel, a_set: Sequence[str]) -> Uses:
+    """The use sites of every A package with sources, in a_set's order."""
+    walker = _Walker(model)
+    for a in a_set:
+        if a in model.src.wheels:
+            walker.package(a)
+    return walker.uses
+
+
+class _Walker:
+    def __init__(self, model: ApiModel) -> None:
+        self.model = model
+        self.guards = Guards(model)
+        self.uses = Uses()
+        self._seq = 0
+
+    def package(self, a: str) -> None:
+        files = sorted(n for n in self.model.src.names(a) if n.endswith(".py") and "/tests/" not in f"/{n}")
+        self.uses.refs.setdefault(a, set())
+        self.uses.installs.setdefault(a, {})
+        for f in files:
+            tree = self.model.an.tree(a, f)
+            if tree is None:
+                continue
+            self._collect_strings(a, tree)
+            ctx = Ctx(a, f, module_imports(tree, pyast.relative_base(f)))
+            self._stmts(tree.body, ctx, self.guards.consts(a, f))
+        self.uses.end[a] = self._seq  # no site of A's has it, nor any of the next A's
+        self._seq += 1
+
+    def _site(self, ctx: Ctx, statement: ast.stmt | None, reads: Sequence[ast.AST],
+              nodes: tuple[tuple[int, ast.Assign | ast.Call], ...] = ()) -> None:
+        if reads:
+            self.uses.sites.append(Site(self._seq, ctx, statement, tuple(reads), nodes))
+            self._seq += 1
+
+    def _stmts(self, stmts: list[ast.stmt], ctx: Ctx, versions: dict[str, object]) -> None:
+        for s in stmts:
+            if ctx.live is False:
+                return
+            if isinstance(s, ast.If):
+                self._site(ctx, None, [s.test])
+                g = self.guards.guard(s.test, versions)
+                live_body = ctx.live if g is True else False if g is False else None if ctx.live else ctx.live
+                live_else = ctx.live if g is False else False if g is True else None if ctx.live else ctx.live
+                self._stmts(s.body, dataclasses.replace(ctx, live=live_body), versions)
+                self._stmts(s.orelse, dataclasses.replace(ctx, live=live_else), versions)
+                # an early exit (`if not permitted: return`, `if version < X: raise`): the rest of the block runs
+                # only on the path that did not exit, so it is under this guard's negation
+                body_exits, else_exits = _exits(s.body), _exits(s.orelse)
+                if (body_exits and else_exits) or (body_exits and g is True) or (else_exits and g is False):
+                    return
+                if (body_exits or else_exits) and g is None and ctx.live:
+                    ctx = dataclasses.replace(ctx, live=None)
+            elif isinstance(s, ast.Try | ast.TryStar):
+                caught = dataclasses.replace(ctx, caught=ctx.caught or any(_catches(h) for h in s.handlers))
+                self._stmts(s.body, caught, versions)
+                self._stmts(s.orelse, caught, versions)
+                self._stmts(s.finalbody, ctx, versions)
+                # except-branches are fallbacks: they run only when the body failed
+            elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
+                # decorators and defaults run where the def is, in the enclosing path
+                self._site(ctx, None, [*s.decorator_list, *s.args.defaults, *(d for d in s.args.kw_defaults if d)])
+                imports_in, names_in = function_scope(s, pyast.relative_base(ctx.file))
+                local = {**ctx.local, **imports_in}
+                shadow = (ctx.shadow | names_in) - set(local)
+                self._stmts(s.body, dataclasses.replace(ctx, func=s.name, local=local, shadow=shadow), versions)
+            elif isinstance(s, ast.ClassDef):
+                self._site(ctx, None, [*s.decorator_list, *s.bases, *(k.value for k in s.keywords)])
+                self._stmts(s.body, ctx, versions)
+            elif isinstance(s, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
+                heads = [i.context_expr for i in s.items] if isinstance(s, ast.With | ast.AsyncWith) else \
+                    [s.test] if isinstance(s, ast.While) else [s.iter]
+                self._site(ctx, None, heads)
+                self._stmts(s.body, ctx, versions)
+                self._stmts(getattr(s, "orelse", []), ctx, versions)
+            else:
+                self._site(ctx, s, [s], self._collect(ctx, s))
+
+    def _collect_strings(self, a: str, tree: ast.Module) -> None:
+        refs = self.uses.refs[a]
+        for node in pyast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200 \
+                    and re.fullmatch(r"[A-Za-z_][\w.]*", node.value):
+                refs.add(node.value)
+
+    def _collect(self, ctx: Ctx, s: ast.stmt) -> tuple[tuple[int, ast.Assign | ast.Call], ...]:
+        """What a statement tells about A as a whole: the modules an import references, or the names an
+        assignment (`B.mod.NAME = ...`, `setattr(B.mod, "NAME", ...)`) installs onto B's modules; and, for a
+        statement that is not an import, its assignments and calls (Site.nodes)."""
+        if isinstance(s, ast.ImportFrom | ast.Import):
+            refs = self.uses.refs[ctx.a]
+            for module, attr in import_bindings(s, pyast.relative_base(ctx.file)).values():
+                refs.add(module)
+                if attr:
+                    refs.add(f"{module}.{attr}")
+            if isinstance(s, ast.Import):
+                refs |= {x.name for x in s.names}
+            return ()
+        got = self.uses.installs[ctx.a]
+        nodes: list[tuple[int, ast.Assign | ast.Call]] = []
+        for i, node in enumerate(pyast.walk(s)):
+            targets: list[ast.Attribute] = []
+            if isinstance(node, ast.Assign):
+                targets = [t for t in node.targets if isinstance(t, ast.Attribute)]
+                nodes += [(i, node)] if targets else []
+            elif isinstance(node, ast.Call):
+                if node.keywords or len(node.args) == 3:  # what may pass keywords, or be setattr(x, "name", v)
+                    nodes.append((i, node))
+                if isinstance(node.func, ast.Name) and node.func.id == "setattr" and len(node.args) == 3 and \
+                        isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                    targets = [ast.Attribute(value=node.args[0], attr=node.args[1].value, ctx=ast.Store())]
+            for t in targets:
+                hit = self.model.module_chain(t, ctx.scope)
+                if hit is not None and len(hit[1]) == 1:
+                    got.setdefault((hit[0], hit[1][0]), (ctx.file, getattr(node, "lineno", 0)))
+        return tuple(nodes)
+
+
+def setattr_assign(node: ast.Call) -> tuple[ast.Assign, ast.Attribute] | None:
+    """`setattr(x, "name", v)` as the assignment `x.name = v` it makes (and its target); None for any other
+    call."""
+    if ast.unparse(node.func) == "setattr" and len(node.args) == 3 and isinstance(node.args[1], ast.Constant):
+        target = ast.Attribute(value=node.args[0], attr=str(node.args[1].value), ctx=ast.Store())
+        return ast.Assign(targets=[target], value=node.args[2], lineno=node.lineno), target
+    return None
+
+
+def _catches(h: ast.ExceptHandler) -> bool:
+    if h.type is None:
+        return True
+    names = [ast.unparse(x).split(".")[-1] for x in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
+    return any(n in CATCHES for n in names)
+
+
+def _exits(stmts: list[ast.stmt]) -> bool:
+    """The block always leaves its enclosing block (return, raise, continue or break on every path through it)."""
+    if not stmts:
+        return False
+    last = pyast.reachable(stmts)[-1]
+    if isinstance(last, ast.Return | ast.Raise | ast.Continue | ast.Break):
+        return True
+    return isinstance(last, ast.If) and _exits(last.body) and _exits(last.orelse)
+
+
+def function_scope(fn: ast.FunctionDef | ast.AsyncFunctionDef, current: str) -> tuple[dict[str, Bound], frozenset[str]]:
+    """In one walk: the imports anywhere in a function ({local name: (module, attr)}), and the names it binds
+    itself (parameters, assignments, loop and with targets, less those it declares global), which inside it
+    hide module-level imports of the same name."""
+    a = fn.args
+    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                              *([a.kwarg] if a.kwarg else [])]}
+    glob: set[str] = set()
+    imports: dict[str, Bound] = {}
+    for n in pyast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.Global | ast.Nonlocal):
+            glob |= set(n.names)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            imports.update(import_bindings(n, current))
+    return imports, frozenset(names - glob)
+
+
+def import_bindings(s: ast.Import | ast.ImportFrom, current: str) -> dict[str, Bound]:
+    """{local name: (module, attribute or None)} an import statement binds (`current`: pyast.relative_base)."""
+    out: dict[str, Bound] = {}
+    if isinstance(s, ast.Import):
+        for x in s.names:
+            out[x.asname or x.name.split(".")[0]] = (x.name if x.asname else x.name.split(".")[0], None)
+    else:
+        mod = pyast._resolve_relative(s.module, s.level, current)
+        for x in s.names:
+            if x.name != "*":
+                out[x.asname or x.name] = (mod, x.name)
+    return out
+
+
+def module_imports(tree: ast.Module, current: str) -> dict[str, Bound]:
+    """The imports at a module's top level, also inside its top-level if/try blocks."""
+    out: dict[str, Bound] = {}
+    for s in tree.body:
+        for node in pyast.walk(s) if isinstance(s, ast.If | ast.Try | ast.TryStar) else [s]:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                out.update(import_bindings(node, current))
+    return out
