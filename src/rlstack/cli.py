@@ -1,7 +1,10 @@
-"""The `rlstack` command, which runs inside a stack (its image, or natively where its libraries are installed):
-train, eval, rescore, compare, adapters, probe, diagnose. The host's work (stacks, locks, images,
-containers, the matrix, CI) is invoke's (tasks.py). Each command is a typed function whose signature declares
-its options (typer's `Annotated` options); typer builds the command line from those signatures, and this file
+"""The `rlstack` command, in a stack and on the host.
+
+Inside a stack (its image, or natively where its libraries are installed): train, eval, rescore, compare,
+adapters, probe, diagnose. On the host: `rlstack host TASK`, the same tasks invoke runs (tasks.py: stacks,
+locks, images, containers, the matrix; `rlstack host ci ...` and `rlstack host dev ...` as `invoke ci.…` and
+`invoke dev.…`), for a host that has rlstack but not invoke. Each command is a typed function whose signature
+declares its options (typer's `Annotated` options); typer builds the command line from those signatures, and this file
 only adds --version and turns an RlstackError or a refused command line into one clean `rlstack: error: ...`
 message and exit code, never a traceback."""
 
@@ -40,12 +43,32 @@ def _root(
     """The options of `rlstack` itself, before a command."""
 
 
+def host_app() -> typer.Typer:
+    """`rlstack host`: the host's tasks (rlstack.host.commands.TASKS) under the names invoke gives them, each
+    namespace of invoke's (ci, dev) a group of its own."""
+    from rlstack.host.commands import TASKS, task_name
+
+    groups: dict[str, typer.Typer] = {}
+    for namespace, fns in TASKS.items():
+        group = options.app([], help="the host's tasks, as invoke runs them" if not namespace else
+                            f"the host's {namespace} tasks (invoke {namespace}.TASK)")
+        for fn in fns:
+            group.command(name=task_name(fn, namespace))(fn)
+        groups[namespace] = group
+    for namespace, group in groups.items():
+        if namespace:
+            groups[""].add_typer(group, name=namespace)
+    return groups[""]
+
+
 def build() -> Any:
-    """The `rlstack` click group: every in-stack command, built by typer from its signature."""
+    """The `rlstack` click group: every in-stack command, and the host's tasks under `host`, built by typer from
+    their signatures."""
     import typer.main
 
     app = options.app(commands(), help=(__doc__ or "").split("\n")[0])
     app.callback()(_root)
+    app.add_typer(host_app(), name="host")
     return typer.main.get_command(app)
 
 

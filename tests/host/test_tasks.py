@@ -5,6 +5,7 @@ root, ci.* and dev.*), and every flag a hint names exists where the user typed t
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import subprocess
 import sys
@@ -88,7 +89,27 @@ def test_every_option_has_help_and_the_in_stack_cli_is_typer() -> None:
     for fn in [*(fn for _, fn in _tasks()), *cli.commands()]:
         for p in options.params(fn):
             assert p.help and len(p.help) > 8, f"{fn.__qualname__}: {p.name} needs a help text"
-    assert sorted(cli.build().commands) == ["adapters", "compare", "diagnose", "eval", "probe", "rescore", "train"]
+    assert sorted(cli.build().commands) == ["adapters", "compare", "diagnose", "eval", "host", "probe", "rescore",
+                                            "train"]
+
+
+def test_rlstack_host_runs_every_task_invoke_runs(collection: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """One `rlstack` command for the host too: `rlstack host [ci|dev] TASK` is the task `invoke [ci.|dev.]TASK`
+    runs, under the same name and with the same options, and it runs the same function."""
+    group = cli.build().commands["host"]
+    for name, fn in _tasks():
+        *namespace, task = name.split(".")
+        cmd = group.commands[namespace[0]].commands[task] if namespace else group.commands[task]
+        assert inspect.unwrap(cmd.callback) is fn, name
+        assert [p.name for p in cmd.params if p.name != "help"] == [p.name for p in options.params(fn)], name
+    assert set(group.commands) == {n.split(".")[0] for n, _ in _tasks()}
+    assert cli.main(["host", "ci", "jobs", "--stack", "portable"]) == 0
+    via_rlstack = capsys.readouterr().out
+    proc = subprocess.run([*INVOKE, "ci.jobs", "--stack", "portable"], cwd=ROOT, capture_output=True, text=True,
+                          check=True)
+    assert via_rlstack == proc.stdout and '"portable"' in via_rlstack
+    assert cli.main(["host", "ci", "jobs", "--stack", "nosuch"]) == 2
+    assert capsys.readouterr().err.startswith("rlstack: error: unknown stack 'nosuch'")
 
 
 def test_rlstack_help_and_errors_are_clean(capsys: pytest.CaptureFixture[str]) -> None:
