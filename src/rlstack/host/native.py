@@ -1,7 +1,7 @@
 """A stack's locked packages, staged for a GPU host with no Docker and no network, and installed there.
 
-The runtime probes belong in the stack's image, but not every GPU machine runs Docker (the H200 this project
-measures on does not, and neither does a locked-down cluster node). There the same probe code runs natively,
+The runtime probes belong in the stack's image, but not every GPU machine runs Docker (the lent machines this
+project measures on do not, and neither does a locked-down cluster node). There the same probe code runs natively,
 over the host's own Python, with the lock's packages laid on top: `stage` picks what the host lacks (the
 host's `pip list --format=json` says what it has), fetches those wheels for the host's Python with the
 lock's sha256 checked, packs them into one tar with a manifest and cuts it into parts small enough for
@@ -45,10 +45,9 @@ from rlstack.core.pkgnames import normalize, public_version
 from rlstack.scripts.native_install import CHUNK, MANIFEST, PARTS_FILE, NativeError, workers
 
 COMPRESS = ("xz", "none")
-# xz preset and block, measured in bench/results/stage_compression.md: preset 0 staged fp8 in 15 parts instead of
-# 20 in 5 min on 2 cores; preset 1 made 14 and took a third longer. On the portable stack's CUDA libraries preset
-# 1 is ~1.5x slower for ~9% fewer bytes: at the measured speeds its ~7 GB take ~20 min on 2 cores instead of ~13
-# (`--xz-preset` trades host minutes for parts). Independent 2 MiB blocks cost 0.2% against one stream and end a
+# xz preset and block (parts and times of each: bench/results/stage_compression.md): preset 0 already stages in
+# fewer parts than no compression, and preset 1's few percent fewer bytes take longer on a 2-core host
+# (`--xz-preset` trades host minutes for parts). Independent 2 MiB blocks cost little against one stream and end a
 # part within one block of its limit.
 XZ_PRESET = 0
 XZ_BLOCK = 2 << 20

@@ -1,11 +1,11 @@
 """One folder for every compiled-kernel cache of a stack, so that a second run does not compile again.
 
-Why: on an H200 a vLLM start of the fp8 stack spent ~94 s compiling FlashInfer's sampling module with nvcc and
-~103 s its FP8 block-scale GEMM, then torch.compile 65 s and Triton's training kernels on top: every run, because
-each library keeps its cache where the run cannot keep it. Unsloth points FlashInfer at `unsloth_compiled_cache`
-in the working folder (unsloth_zoo vllm_utils.py, `_maybe_set_flashinfer_workspace_base`), which a container's
-read-only root turns into /tmp (tmpfs, gone at exit); vLLM's and Triton's caches follow XDG_CACHE_HOME and the
-home folder, both tmpfs in rlstack's containers. bench/notes.md has the measured timings.
+Why: a vLLM start of the fp8 stack compiles FlashInfer's sampling module and its FP8 block-scale GEMM with nvcc,
+then torch.compile and Triton's training kernels on top, for minutes: every run, because each library keeps its
+cache where the run cannot keep it. Unsloth points FlashInfer at `unsloth_compiled_cache` in the working folder
+(unsloth_zoo vllm_utils.py, `_maybe_set_flashinfer_workspace_base`), which a container's read-only root turns into
+/tmp (tmpfs, gone at exit); vLLM's and Triton's caches follow XDG_CACHE_HOME and the home folder, both tmpfs in
+rlstack's containers. bench/notes.md has the measured timings.
 
 `RLSTACK_KERNEL_CACHE=DIR` names the folder (the images set it to the kernel-cache volume; native runs may set it
 too); each library's own variable is then set under DIR/<stack>-<lock hash> (one volume serves every stack, and

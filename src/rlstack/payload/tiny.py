@@ -21,7 +21,7 @@ MARKER_TOKEN = "####"
 EOS = "<|endoftext|>"
 # A pad token of its own, inside the vocabulary. With pad = eos, Unsloth (zoo 2026.6.1 and 2026.10.6 alike) finds
 # no valid pad and adds a new token past the model's embedding rows: zoo 2026.10.6 refuses to load, 2026.6.1 loads and
-# the first padded GRPO loss indexes out of range (a device-side assert; both measured on an H200).
+# the first padded GRPO loss indexes out of range (a device-side assert on CUDA).
 PAD = "<|pad|>"
 # Part of the tiny model's name, so a model cached with an older tokenizer is never reused. 2: the pad token above.
 TOKENIZER_REVISION = 2

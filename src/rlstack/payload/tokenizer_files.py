@@ -1,13 +1,13 @@
 """Tokenizer folders that every stack can read, whichever transformers wrote them.
 
-Stacks hand models and adapters to each other (portable trains under transformers 5, fp8 serves them with vLLM
-0.21 under transformers 4.57), and the tiny probe model is cached once for all of them. transformers 5 saves a
-generic fast tokenizer as `"tokenizer_class": "TokenizersBackend"`, a class transformers 4 does not have:
-AutoTokenizer there raises "Tokenizer class TokenizersBackend does not exist", which vLLM reports only as
-"Failed to load the tokenizer" (measured on an H200: the portable adapter's hand-off to the fp8 stack, and the
-fp8 grpo-step probe on a tiny model portable had cached; wall `tokenizer-class-transformers5`). Both majors load
-the same files under the name `PreTrainedTokenizerFast` (5.x keeps it as an alias of its backend class), so
-rlstack writes that name. Model-specific names (Qwen2Tokenizer, ...) exist in both and are left alone.
+Stacks hand models and adapters to each other (portable trains under transformers 5, fp8 serves them with vLLM 0.21
+under transformers 4.57), and the tiny probe model is cached once for all of them. transformers 5 saves a generic
+fast tokenizer as `"tokenizer_class": "TokenizersBackend"`, a class transformers 4 does not have: AutoTokenizer
+there raises "Tokenizer class TokenizersBackend does not exist", which vLLM reports only as "Failed to load the
+tokenizer" (in the portable adapter's hand-off to the fp8 stack, and in the fp8 grpo-step probe on a tiny model
+portable had cached; wall `tokenizer-class-transformers5`). Both majors load the same files under the name
+`PreTrainedTokenizerFast` (5.x keeps it as an alias of its backend class), so rlstack writes that name.
+Model-specific names (Qwen2Tokenizer, ...) exist in both and are left alone.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 installed packages differ from the stack's lock.
 
 Runtime results are evidence about an *environment*, and the lock only names the one we meant. Inside a
-stack image the two agree (the build fails otherwise), but a native run on a GPU host (the H200 the device
-tool lends, a user's workstation) imports whatever that Python has. So every runtime report records the
+stack image the two agree (the build fails otherwise), but a native run on a GPU host (a lent machine without
+Docker, a user's workstation) imports whatever that Python has. So every runtime report records the
 versions it found, the lock packages that are missing or differ, and a fingerprint of all that: matrix rows
 from different environments never merge, and a row measured off-lock says so instead of passing for the
 image. Everything here reads package metadata and files; nothing imports torch.

@@ -27,10 +27,10 @@ from typing import Any
 from rlstack.probes.model import Evidence, ProbeResult
 
 MARK = "RLSTACK-PROBE-RESULT:"
-# Seconds each probe may take. grpo-step's is for a machine with cold kernel caches: measured on an H200 at fp8's
-# lock 2ea309534e2f (2026-12-04), `rlstack train --fp8 --max-steps 1` on the tiny model did not finish in 570 s cold
-# (vLLM init with FlashInfer's JIT, then Unsloth's and Triton's compiles of step 1) and took 258 s warm; portable's
-# Unsloth step took 209 s cold. A probe that runs out of time is undecided (never a pass, never a wall).
+# Seconds each probe may take. grpo-step's is for a machine with cold kernel caches: cold, `rlstack train --fp8
+# --max-steps 1` on the tiny model first pays vLLM's init with FlashInfer's JIT, then Unsloth's and Triton's
+# compiles of step 1, far longer than warm (the cold and warm timings: bench/notes.md). A probe that runs out of
+# time is undecided (never a pass, never a wall).
 TIMEOUTS = {"cuda-init": 120, "bnb-4bit": 300, "fp8-matmul": 300, "vllm-lora": 600, "grpo-step": 1200}
 
 
@@ -178,7 +178,7 @@ def body_grpo_step() -> None:
             # the stack's own training path: Unsloth's generated GRPO trainer (where the report's NameError
             # lives), on a tiny model with 64-wide heads so its kernels take their usual shapes
             # and untied embeddings: Unsloth's generate on this tied tiny model died in a device-side assert
-            # (seen on an H200 with unsloth 2026.3.11 and 2026.6.1), before any GRPO code ran. Most likely not the
+            # (unsloth 2026.3.11 and 2026.6.1), before any GRPO code ran. Most likely not the
             # tying: those logs also show Unsloth appending a pad token past the embeddings, the wall the untied
             # model then hit in the loss (unsloth-pad-token-out-of-range); the tiny tokenizer has its own pad since.
             # Untied stays until a GPU run shows the tied model passing.
@@ -228,8 +228,8 @@ def body_grpo_step() -> None:
             return
         what = " (load_in_fp8 + fast_inference: vLLM rollouts with LoRA)" if fp8 else ""
         verdict, grads = gradient_verdict(Path(tmp) / "run" / "metrics.jsonl")
-        # the step's own numbers travel with the verdict: the run folder is gone when the probe ends, and on
-        # 2026-12-04 a rerun on the GPU was needed to learn the clipped ratio behind a zero gradient
+        # the step's own numbers travel with the verdict: the run folder is gone when the probe ends, so without
+        # them learning the clipped ratio behind a zero gradient takes a rerun on the GPU
         from rlstack.payload.train.metrics import read_rows
 
         last = (read_rows(Path(tmp) / "run" / "metrics.jsonl") or [{}])[-1]

@@ -236,7 +236,7 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
                         "use --backend hf, or run in the fp8 stack: invoke eval --stack fp8") from None
     # Greedy decoding never reaches top-k/top-p sampling (vllm 0.21 v1/sample/sampler.py), yet vLLM's start-up
     # dummy sampler run makes FlashInfer JIT-compile its sampling module with nvcc when that sampler is on:
-    # ~100 s of every cold start on the H200 (bench/notes.md). Off unless the user chose otherwise.
+    # a cost on every cold start (measured: bench/notes.md). Off unless the user chose otherwise.
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     t0 = time.perf_counter()
     rank = int((manifest.recipe.get("lora") or {}).get("r", 64)) if manifest else 64

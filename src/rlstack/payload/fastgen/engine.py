@@ -279,7 +279,7 @@ class FastGenerator:
             self._lengths(cache))
         if why is not None and self.fuse_rotary and not self.resolved.rotary_asked:
             # "auto" chose the rotary in the kernel: the step without it compiles before anything goes eager
-            # (eager is several times slower; a kernel helper inductor could not see did this on the H100)
+            # (eager is several times slower; a kernel helper inductor's compile worker cannot resolve fails the step)
             self._rotary_off(f"the compiled step with it failed: {why}", logging.WARNING)
             out, why = first_compiled_call(
                 lambda: self._step(input_ids, attention_mask, position_ids, cache, slot, read, groups),

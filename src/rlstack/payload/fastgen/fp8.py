@@ -1,11 +1,10 @@
 """FP8 projections in fastgen's shadow (``FastGenerator(fp8="row")``): rollouts in FP8 without vLLM.
 
-Why: a decode step reads every weight once, so its GEMMs are bound by the memory bandwidth (2.73 of 4.16 ms a
-step at 8 sequences on the H200, Qwen3-4B shape, bench/results/fastgen_profile.md), and FP8 weights are half
-the bytes of bf16 ones. vLLM serves the same model this way (``quantization="fp8"``: 2,518 against 2,045 tok/s
-in bf16 at 8 sequences, bench/results/rollout_peers.md); Unsloth's FP8 RL reaches it only through vLLM, and on
-Blackwell through flashinfer kernels that need a CUDA 12.9 toolkit (the report in shared/background). This is
-torch's own ``_scaled_mm`` (cuBLASLt per tensor, CUTLASS row-wise): no toolkit, no vLLM.
+Why: a decode step reads every weight once, so its GEMMs are bound by the memory bandwidth (and take most of the
+step: bench/results/fastgen_profile.md), and FP8 weights are half the bytes of bf16 ones. vLLM serves the same model
+this way (``quantization="fp8"``, faster than its bf16: bench/results/rollout_peers.md); Unsloth's FP8 RL reaches it
+only through vLLM, and on Blackwell through flashinfer kernels that need a CUDA 12.9 toolkit (the report in
+shared/background). This is torch's own ``_scaled_mm`` (cuBLASLt per tensor, CUTLASS row-wise): no toolkit, no vLLM.
 
 What: every projection but lm_head holds an e4m3 copy of its weight with float32 scales (an absolute maximum over
 448, e4m3's largest value), and activations are quantized per call with scales of their own (dynamic), computed on
@@ -16,9 +15,9 @@ aten/src/ATen/native/cuda/RowwiseScaledMM.cu of torch's main branch, read, not r
 row, not the whole tensor; "tensor", one scale per tensor, as vLLM's online ``quantization="fp8"`` (a fused group,
 fastgen.fused, then shares one scale for its buffer, as vLLM's fused q/k/v does). Off CUDA the product is computed
 from the dequantized e4m3 values in float32 (the same numbers; oneDNN's ``_scaled_mm`` has no fast path on a CPU
-without FP8 units: 290 ms for one 16 x 576 x 960 product, 7 ms for bf16 at 100 times the rows, so the CPU benches
-could not run it); a test pins that the two agree for per-tensor scales, the only ones ``_scaled_mm`` takes on the
-CPU, and another that the CUDA branch passes torch's own checks of its arguments (fake CUDA tensors).
+without FP8 units, too slow for the CPU benches to run it: bench/notes.md); a test pins that the two agree for
+per-tensor scales, the only ones ``_scaled_mm`` takes on the CPU, and another that the CUDA branch passes torch's
+own checks of its arguments (fake CUDA tensors).
 
 What it changes: the rollouts are sampled from an FP8 approximation of the policy, not from the policy.
 GRPO's loss takes its log-probs from the training model, so the difference shows as off-policy rollouts by the

@@ -1,12 +1,10 @@
 """Fused projections in fastgen's shadow: a layer's q/k/v projections (and gate/up) as one GEMM each.
 
-Why: at 8 sequences a decode step's GEMMs are skinny (8 rows), and the small ones run far below the memory
-bandwidth: on the H200 (2026-12-04, bench/fastgen_profile.py, Qwen3-4B shape) k_proj and v_proj reached 18 % of
-it against 59 % for q_proj, and one q+k+v GEMM took 0.39 ms a step where the three took 0.81 ms (gate+up: 1.06
-against 1.11). vLLM serves these layers fused the same way (its QKVParallelLinear, MergedColumnParallelLinear).
-Built, the decode step took 3.74 against 4.32 ms a replay at 8 sequences and 5.79 against 6.28 at 64 (the A/B of
-bench/results/fastgen_profile.json, one process), more than the GEMMs alone saved (0.42 ms at 8): 108 fewer
-kernels a step also left less in between. It is fastgen's default since.
+Why: at 8 sequences a decode step's GEMMs are skinny (8 rows), and the small ones (k_proj, v_proj) run far
+below the memory bandwidth, so one q+k+v GEMM reading the same bytes takes less time than the three
+(bench/fastgen_profile.py's per-GEMM times: bench/notes.md). vLLM serves these layers fused the same way (its
+QKVParallelLinear, MergedColumnParallelLinear). Fused, the step also runs 108 fewer kernels, which leaves less
+time in between; the A/B of the whole step is bench/results/fastgen_profile.json. It is fastgen's default.
 
 How, without a model-specific forward: the group's weights live in one buffer, [q; k; v] along the output rows,
 and each projection's weight is a view of its rows, so ``_Shadow.refresh`` (which writes each merged weight in

@@ -1,15 +1,15 @@
 """fastgen's own decode-step attention forward for the Llama family (``FastGenerator(fuse_rotary=True)``).
 
-Why: transformers' attention module normalizes the query and key heads (Qwen3's q_norm / k_norm), applies the
-rotary embedding and writes the key and value into the cache (``past_key_values.update``) before it calls the
-attention function: compiled, two inductor kernels a layer around fastgen's triton attention (q's norm and rotary;
-k's norm, rotary and the cache write), 1.8 + 3.9 us a layer, **0.20 ms a step at 8 sequences and 0.32 at 64** on
-the H200 (bench/notes.md, the 2026-12-05 profile's top kernels), ~5 % of either step. The split attention kernel
-reads the query and the cache anyway, so it can do that work itself (``split_attention.Prologue``): each program
-normalizes and rotates its own query heads, and the program whose split holds this step's slot does the key,
-writes key and value into the cache and attends to them from registers. That needs the module's forward to hand
-the kernel the projections' raw outputs, so for a decode step (one query token, the triton attention's slot among
-its keywords) the forward here replaces transformers'; the prompt's forward (prefill) is transformers' own.
+Why: transformers' attention module normalizes the query and key heads (Qwen3's q_norm / k_norm), applies the rotary
+embedding and writes the key and value into the cache (``past_key_values.update``) before it calls the attention
+function: compiled, two inductor kernels a layer around fastgen's triton attention (q's norm and rotary; k's norm,
+rotary and the cache write), each reading and writing what the attention then reads again (their share of a step:
+the profile's top kernels in bench/notes.md). The split attention kernel reads the query and the cache anyway, so it
+can do that work itself (``split_attention.Prologue``): each program normalizes and rotates its own query heads, and
+the program whose split holds this step's slot does the key, writes key and value into the cache and attends to them
+from registers. That needs the module's forward to hand the kernel the projections' raw outputs, so for a decode
+step (one query token, the triton attention's slot among its keywords) the forward here replaces transformers'; the
+prompt's forward (prefill) is transformers' own.
 
 Which modules: those of the model types in ``FAMILIES`` (Llama, Mistral, Qwen2 without q/k norms; Qwen3 with them,
 RMSNorm over the head dimension), full-width rotary in rotate_half's convention, no sliding window, q/k/v/o

@@ -1,13 +1,13 @@
 """fastgen's decode attention as a split-KV Triton kernel (``FastGenerator(decode_attention="triton")``).
 
-Why: the matmul decode attention (grouped matmuls, ``engine.gqa_decode_attention``) has static shapes, so it
-reads every slot of the static cache at every step: at 64 sequences over a 768-slot cache that is 7.25 GB a step
-(2.34 ms on the H200, ~3.1 TB/s), while the filled slots average 466 of the 768 over a 512-token generation; at 8
-sequences its skinny batched GEMMs (4 query heads per KV head) reach ~40 % of the copy bandwidth (0.55 ms for
-0.9 GB). ``attend_bucket`` reads less by compiling a step per read length. This kernel takes the number of slots
-to read from a device tensor instead (the slot this step writes, + 1), so one compiled step and one CUDA graph
-read exactly the filled slots at every step, and it splits each (sequence, KV head)'s slots over several thread
-blocks (flash-decoding), so that 8 sequences still fill the GPU; the splits are merged by their log-sum-exp.
+Why: the matmul decode attention (grouped matmuls, ``engine.gqa_decode_attention``) has static shapes, so it reads
+every slot of the static cache at every step (at 64 sequences over a 768-slot cache, 7.25 GB a step), while the
+filled slots average 466 of the 768 over a 512-token generation; at 8 sequences its skinny batched GEMMs (4 query
+heads per KV head) fall well short of the copy bandwidth (bench/results/fastgen_profile.md's ``attention_ms``).
+``attend_bucket`` reads less by compiling a step per read length. This kernel takes the number of slots to read from
+a device tensor instead (the slot this step writes, + 1), so one compiled step and one CUDA graph read exactly the
+filled slots at every step, and it splits each (sequence, KV head)'s slots over several thread blocks
+(flash-decoding), so that 8 sequences still fill the GPU; the splits are merged by their log-sum-exp.
 
 Numerics: on a GPU the dots take the cache's dtype (bf16 x bf16 products are exact in the float32 accumulator,
 and the probabilities are rounded to the cache's dtype before they weigh V, as the matmul kernel's softmax output
@@ -40,7 +40,7 @@ BLOCK_N = 32  # cache slots per inner iteration
 # profile chooses (bench/notes.md)
 NUM_WARPS = 8
 MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Qwen3-4B) are padded to it
-TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of an H100/H200 (132 SMs): how many splits a call asks for
+TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of a 132-SM sm_90 GPU: how many splits a call asks for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +50,11 @@ class Tuning:
     software-pipelining depth (``num_stages``; None: Triton's default for the GPU), and whether the kernel merges
     the splits itself (``fuse_merge``: the last program of each (sequence, KV head) to finish merges its splits
     and writes the attention in the query's dtype, one split writes it at once; otherwise ``merge_splits`` runs
-    after the kernel, a kernel of its own a layer inside the compiled step: 127 us a step of the 8-sequence
-    step's ~208 us of split kernels on the H200, 2026-12-05).
+    after the kernel, a kernel of its own a layer inside the compiled step, whose launches cost a large share of
+    the attention's kernel time for a few KB of partials: bench/notes.md).
 
-    Why a value and not only the constants: alone on the H200 the kernel read the cache at ~2.2 TB/s against the
-    grouped matmuls' ~3.1 (2026-12-05, bench/notes.md), and which shape reads faster is a GPU measurement
+    Why a value and not only the constants: alone the kernel read the cache slower than the grouped matmuls do
+    (bench/results/sm90/fastgen_profile-triton-20261205.md), and which shape reads faster is a GPU measurement
     (``bench/attention_sweep.py`` times a grid of these); the engine uses ``TUNING`` until one wins there."""
 
     block_n: int = BLOCK_N
@@ -118,8 +118,8 @@ class Prologue:
     k_norm; None for a family without them, Llama's) and their ``eps``, and the rotary embedding's ``cos`` / ``sin``
     for this step's position of each sequence [B, D] (rotate_half's convention: the first half's partner is the
     second half's element). Why: transformers runs the norms, the rotary and the cache write as two kernels a layer
-    around the attention (0.20 ms a step at 8 sequences and 0.32 at 64 on the H200, bench/notes.md), each reading
-    and writing what the attention then reads again."""
+    around the attention (their time a step: bench/notes.md), each reading and writing what the attention then
+    reads again."""
 
     key: Any
     value: Any
@@ -135,7 +135,7 @@ _INTERPRETED = False  # whether kernel() built it for Triton's interpreter (floa
 # the kernel's Triton helper: a module global, bound by kernel()'s `def` under this very name, because Triton
 # resolves a name a kernel calls in the kernel's module globals, and inductor (a kernel inside a compiled graph)
 # re-declares each helper from its source: a helper defined as `rounded` and bound to `_rounded` reached inductor's
-# compile worker as `rounded`, and the kernel's call to `_rounded` failed there (NameError, on the H100)
+# compile worker as `rounded`, and the kernel's call to `_rounded` failed there with a NameError
 _rounded: Any = None
 
 
@@ -174,8 +174,8 @@ def kernel() -> Any:
                      PRO: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, HALF: tl.constexpr):
         # SCALE (the softmax scale, a Python float) is a constexpr: inside the compiled step inductor compiles this
         # kernel with its own signature, typing a runtime Python float fp64, which made the scores and the running
-        # max fp64 and failed the compile (Triton: "Loop-carried variable m_i ... re-assigned to fp64", H200,
-        # 2026-12-05); a constexpr float multiplies as float32 (one compile per model: the scale is the model's)
+        # max fp64 and failed the compile (Triton: "Loop-carried variable m_i ... re-assigned to fp64"); a
+        # constexpr float multiplies as float32 (one compile per model: the scale is the model's)
         # PRO 1 (fuse_rotary, PASS 0 only): q_ptr holds the projections' raw query [B, H, D] and kn_ptr / vn_ptr
         # this step's raw key and value [B, KV, D]: every program normalizes (NORM 1: RMSNorm over D with weight
         # qw_ptr / kw_ptr and EPS, Qwen3's q_norm / k_norm) and rotates (cos_ptr / sin_ptr [B, D], rotate_half's
@@ -413,8 +413,8 @@ def mask_argument(mask: Any, fallback: Any) -> tuple[int, Any]:
 
     Why a conversion (``to(uint8)``) and not a bitcast (``view(uint8)``): inside the compiled decode step the mask
     is computed, and inductor does not lower view(dtype) of a computed bool tensor ("torch.bool is not supported by
-    torch.iinfo", torch 2.10 on the CPU, 2.11 on the H200 on 2026-12-05, where it sent the step to eager). The
-    conversion fuses into the kernel that computes the mask."""
+    torch.iinfo", in torch 2.10 and 2.11; it sends the step to eager). The conversion fuses into the kernel that
+    computes the mask."""
     import torch
 
     if mask is None:

@@ -2,11 +2,11 @@
 draw of one token a row from the float32 logits, in two launches instead of the ~8 torch kernels of
 ``engine._warp`` + ``engine._draw`` (and the ~8 of the bookkeeping after them, see ``Advance``).
 
-Why: between two replays of the decode step the pick's GPU work was 0.17-0.3 ms a token at 8 sequences and
-~0.4-0.65 at 64 on the H200 (bench/fastgen_profile.py ``pick_parts``, 2026-12-04: torch.topk over 151,936 logits
-with one row a sequence leaves most of the GPU idle, then a masked copy, Exp(1) noise over the whole
-vocabulary, its log and an argmax, each a pass over [B, V] float32). The logits are 4.9 MB at 8 sequences: one
-read is ~2 us at the H200's bandwidth. So:
+Why: between two replays of the decode step the pick's GPU work is many times what reading the logits costs
+(``pick_parts`` in bench/results/fastgen_profile.json): torch.topk over 151,936 logits with one row a sequence
+leaves most of the GPU idle, then a masked copy, Exp(1) noise over the whole vocabulary, its log and an argmax,
+each a pass over [B, V] float32, while the logits are 4.9 MB at 8 sequences, one read of them a few
+microseconds at HBM bandwidth. So:
 
 1. ``chunk_top`` (grid rows x chunks): each program reads one chunk of a row (the temperature applied as torch
    applies it on CUDA: a multiply by the float32 reciprocal) and keeps its KP largest (KP: top_k rounded up to
@@ -41,7 +41,7 @@ from typing import Any
 from rlstack.payload.fastgen.triton_support import pow2_at_least
 
 MAX_TOP_K = 128  # KP = 128: a row's candidates (<= 38 chunks x 128 for a 152k vocabulary) sort in one program
-TARGET_CHUNKS = 64  # chunks a row at most, for a large vocabulary: 8 rows x ~38 chunks fill the H200's 132 SMs
+TARGET_CHUNKS = 64  # chunks a row at most, for a large vocabulary: 8 rows x ~38 chunks fill a 132-SM sm_90 GPU
 NUM_WARPS = 8
 
 

@@ -41,13 +41,13 @@ stack: load_in_fp8=True on vLLM 0.21.0, torchao 0.18.0, torch 2.11).
     Float8Tensor weights, built under torch.inference_mode (convert_vllm_to_huggingface, vllm_utils.py:1928). Every
     GRPO rollout asks zoo's load_lora (vllm_utils.py:6189, `@torch.inference_mode`) for the LoRARequest, and it
     reads the adapter from `model.state_dict()` (vllm_utils.py:6225), which detaches every parameter; detaching a
-    Float8Tensor inside inference mode fails. Symptom, at the first rollout: `RuntimeError: Cannot set
-    version_counter for inference tensor` from torch/nn/modules/module.py _save_to_state_dict (seen on an H200 with
-    zoo 2026.7.6: bench/results/sm90/fp8-3345fbfe2076-train-4b-cast-forced.log; 2026.10.6 has the same code). We
-    rebind model.load_lora to zoo's undecorated function (its `__wrapped__`) run under torch.no_grad(), the mode zoo
-    already uses for torchao weights in get_vllm_state_dict (vllm_utils.py:1108-1115). Acts only on a model that has
-    torchao weights and whose load_lora is zoo's decorated partial. Upstream: pytorch/pytorch#170419 (view ops on
-    tensor subclasses in inference mode); remove when zoo's load_lora stops running under inference mode.
+    Float8Tensor inside inference mode fails. Symptom, at the first rollout: `RuntimeError: Cannot set version_counter
+    for inference tensor` from torch/nn/modules/module.py _save_to_state_dict (with zoo 2026.7.6:
+    bench/results/sm90/fp8-3345fbfe2076-train-4b-cast-forced.log; 2026.10.6 has the same code). We rebind
+    model.load_lora to zoo's undecorated function (its `__wrapped__`) run under torch.no_grad(), the mode zoo already
+    uses for torchao weights in get_vllm_state_dict (vllm_utils.py:1108-1115). Acts only on a model that has torchao
+    weights and whose load_lora is zoo's decorated partial. Upstream: pytorch/pytorch#170419 (view ops on tensor
+    subclasses in inference mode); remove when zoo's load_lora stops running under inference mode.
     Why the weights are no longer inference tensors by then: the Trainer's `model.to(device)` (transformers 4.57.6
     trainer.py:609-612) goes through Module._apply, which swaps wrapper subclasses for fresh ones made outside
     inference mode. Reproduced on CPU (torch 2.10, torchao 0.18, Float8Tensor PerRow): state_dict() under inference
@@ -72,12 +72,12 @@ keep_recipe_loss_options() -- unsloth's generated GRPOConfig, loss_type "dapo" (
     Unsloth replaces trl.GRPOConfig with UnslothGRPOConfig (unsloth/models/rl.py, _patch_trl_rl_trainers_impl), whose
     __init__ sets DAPO's mask_truncated_completions=True and epsilon_high=0.28 for an explicit loss_type "dapo": at
     2026.6.1 whatever the caller passed (rl.py:1478-1486), at 2026.10.6 only where the caller left them unset (None;
-    rl.py:3281-3287). rlstack passed neither before 2026-12-04, so the same recipe trained with masking under Unsloth
-    and without under transformers; and where the loss honours the mask (truncation_mask_applies below), a step whose
-    completions were all cut had an empty loss (grad norm 0 though rewards differed: the fp8 grpo-step on an H200,
-    signature unsloth-dapo-masks-truncated). We pass the recipe's values and set them back after the config is built
-    (TRL reads both when the trainer is built: grpo_trainer.py:363, 393 in 0.24.0), saying so. Remove when no locked
-    unsloth overwrites an explicit value (2026.10.6 no longer does; 2026.6.1 in portable still does).
+    rl.py:3281-3287). Left unset, the same recipe trains with masking under Unsloth and without under
+    transformers; and where the loss honours the mask (truncation_mask_applies below), a step whose completions were
+    all cut has an empty loss (grad norm 0 though rewards differ: fp8's grpo-step probe, signature
+    unsloth-dapo-masks-truncated). We pass the recipe's values and set them back after the config is built (TRL reads
+    both when the trainer is built: grpo_trainer.py:363, 393 in 0.24.0), saying so. Remove when no locked unsloth
+    overwrites an explicit value (2026.10.6 no longer does; 2026.6.1 in portable still does).
 
 truncation_mask_applies() -- unsloth_zoo 2026.6.1's GRPO loss + TRL's mask_truncated_completions.
     Not a patch: whether the loss really drops truncated completions. TRL zeroes their rows of completion_mask
@@ -208,8 +208,8 @@ def export_mixed_precision(bf16: bool, fp16: bool) -> str:
     unsloth_zoo's GRPO loss and unsloth's generated trainers pick their autocast dtype from this variable,
     falling back to fp16 when it is unset; unsloth exports it itself only when bf16 and fp16 are both False.
     So with transformers 5.5 (the portable stack) and bf16=True, the loss autocasts to fp16 over bf16 LoRA
-    weights and dies in `addmm_`: 'self and mat2 must have the same dtype, but got Half and BFloat16' (seen on
-    an H200 by the runtime grpo-step probe, signature unsloth-mixed-precision-env). Returns the value set."""
+    weights and dies in `addmm_`: 'self and mat2 must have the same dtype, but got Half and BFloat16' (the
+    runtime grpo-step probe's signature unsloth-mixed-precision-env). Returns the value set."""
     import os
 
     value = "bf16" if bf16 else "fp16" if fp16 else "no"

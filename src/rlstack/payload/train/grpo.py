@@ -151,7 +151,7 @@ def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
     to True (as TRL's does). What kind of checkpointing then runs depends on the release: unsloth 2026.10.6's
     generated config turns use_reentrant back on (its offloading checkpoint); at 2026.6.1 with transformers 5.5 the
     trainer's gradient_checkpointing_enable() reaches unsloth_checkpoint (zoo gradient_checkpointing.py:917-923)
-    non-reentrant, which recomputes without offloading (review of 2026-12-03; to be measured)."""
+    non-reentrant, which recomputes without offloading (read from the source, bench/notes.md; not measured)."""
     dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if loaded.device == "cpu":
         dtype_name = "float32"
@@ -167,11 +167,11 @@ def use_fastgen(recipe: Recipe, trainer: Any, loaded: Any, *, use_vllm: bool) ->
     """Put fastgen behind the trainer's generate call, with the recipe's grpo.fastgen_options, or say on stderr
     why not; True when installed.
 
-    Measured on an H200 (bench/results/grpo_step.json): 9.9x faster GRPO steps at the recipe's shape with the
-    transformers loader. Under Unsloth (the portable default) the shadow is built from transformers' own classes
-    (Unsloth patches the model's), and TRL's generate call reaches fastgen before Unsloth's generate. Off where
-    TRL never calls generate (vLLM rollouts) and on the CPU (the speed is CUDA graphs'). Whenever it is off, or
-    falls back later (fastgen prints that once), the reason is on stderr."""
+    Why: at the recipe's shape with the transformers loader, generation is most of a GRPO step and fastgen's
+    CUDA-graph decode cuts it (bench/results/grpo_step.json). Under Unsloth (the portable default) the shadow is
+    built from transformers' own classes (Unsloth patches the model's), and TRL's generate call reaches fastgen
+    before Unsloth's generate. Off where TRL never calls generate (vLLM rollouts) and on the CPU (the speed is CUDA
+    graphs'). Whenever it is off, or falls back later (fastgen prints that once), the reason is on stderr."""
     if use_vllm:
         off = "vLLM generates the rollouts (--fp8 or grpo.vllm_mode)"
     elif loaded.device != "cuda":

@@ -174,7 +174,7 @@ def pad_token_error(target: str, detail: str) -> ModelLoadError:
 def check_pad_token(tokenizer: Any, model: Any, target: str) -> None:
     """Refuse before training when the tokenizer's pad id has no embedding row. Unsloth (zoo 2026.6.1) replaces a
     pad token equal to eos with a token it appends to the tokenizer without resizing the model, so the loss's
-    gather reads past the embeddings: measured on an H200 as 'index out of bounds' device-side asserts in
+    gather reads past the embeddings: on CUDA, 'index out of bounds' device-side asserts in
     grpo_accumulated_loss, after the whole rollout, instead of this message at load time."""
     inner = getattr(tokenizer, "tokenizer", None) or tokenizer  # a processor wraps its tokenizer
     pad = getattr(inner, "pad_token_id", None)

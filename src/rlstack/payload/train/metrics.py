@@ -59,8 +59,8 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                   mask_truncated: bool = False) -> Any:
     """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily).
     `mask_truncated`: the loss really drops truncated completions (compat.truncation_mask_applies); each row
-    records it, and a step where all were truncated says it learned nothing (seen on an H200: a one-step probe's
-    16-token completions, all cut, gave loss 0 and grad norm 0)."""
+    records it, and a step where all were truncated says it learned nothing (a one-step probe's short
+    completions, all cut, give loss 0 and grad norm 0)."""
     from transformers import TrainerCallback
 
     class MetricsCallback(TrainerCallback):
@@ -76,8 +76,8 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             """Time the trainer's rollout (TRL's ``_generate``: the generation engine, whichever it is) and its
             whole generate-and-score phase (rollout, reward functions, old/reference log-prob passes), so each row
             splits the step into generate_s, score_s and train_s (loss forward, backward, optimizer). Why: a
-            step time alone cannot say where an FP8 step's extra seconds go (the H200 run of 2026-12-04
-            had steps of 3.5-4.0 s and of 6.5-6.9 s). Wrapped on the instance, so Unsloth's generated subclass
+            step time alone cannot say where an FP8 step's extra seconds go (an FP8 run's steps fell into a fast
+            and a slow group: bench/notes.md). Wrapped on the instance, so Unsloth's generated subclass
             is timed too; a method the trainer does not have, or never calls, leaves its field out."""
             import functools
 
