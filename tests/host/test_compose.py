@@ -15,6 +15,7 @@ import yaml
 from rlstack import stacks
 from rlstack.core.errors import RlstackError
 from rlstack.host import commands, compose, containers, images
+from rlstack.host.commands import training
 from rlstack.stacks import locks
 
 SERVER_OK = ["model.load_in_4bit=false"]  # gsm8k-grpo trains a 4-bit base; server mode takes full weights
@@ -337,7 +338,7 @@ def test_train_with_a_server_writes_the_file_and_runs_it(monkeypatch: pytest.Mon
         return 7
 
     monkeypatch.setattr(compose, "up", fake_up)
-    monkeypatch.setattr(commands, "_copy_run", lambda image, rel: seen.setdefault("copied", (image, rel)) and None)
+    monkeypatch.setattr(training, "copy_run", lambda image, rel: seen.setdefault("copied", (image, rel)) and None)
     rc = commands.train(stack="fp8", vllm_server="fp8", adapter_name="run1", overrides=SERVER_OK)
     assert rc == 7
     assert seen["file"] == tmp_path / "runs" / "compose" / "rlstack-run1.yaml"

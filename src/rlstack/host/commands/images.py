@@ -1,0 +1,64 @@
+"""A stack's image: `invoke build` and the CI checks of what was built (`ci.check-image`, `ci.image-size`,
+`ci.push`). The image itself, its tag and its build, is rlstack.host.images."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import typer
+
+from rlstack.host.commands.aliases import BaseImage, CaCert, StackName
+
+
+def _plan(stack: str, base_image: str | None, ca_cert: str | None, **kw: Any) -> Any:
+    from rlstack import stacks as stack_files
+    from rlstack.host import images
+
+    return images.plan(stack_files.load_stack(stack), base_image=base_image or None, ca_cert=ca_cert or None, **kw)
+
+
+def build(
+    stack: StackName = "cpu",
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+    no_cache: Annotated[bool, typer.Option(help="rebuild every layer")] = False,
+    force: Annotated[bool, typer.Option(help="build even when the content tag exists")] = False,
+    buildx: Annotated[bool, typer.Option(help="build with `docker buildx build --load` (CI)")] = False,
+    cache: Annotated[Literal["gha"] | None, typer.Option(help="remote BuildKit cache: gha = GitHub Actions (needs "
+                                                              "--buildx)")] = None,
+) -> int:
+    """Build rlstack/<stack>:<hash12> and :latest with BuildKit; skipped when the content tag exists."""
+    from rlstack.host import images
+
+    print(images.ensure_built(_plan(stack, base_image, ca_cert, no_cache=no_cache, buildx=buildx, cache=cache),
+                              force=force))
+    return 0
+
+
+def check_image(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: CaCert = None) -> int:
+    """Run the built image: `rlstack --version`, then the build-time checks again inside the final image."""
+    from rlstack.host import containers, images
+
+    containers.check_image(images.require_built(_plan(stack, base_image, ca_cert)))
+    return 0
+
+
+def image_size(stack: StackName = "cpu", base_image: BaseImage = None, ca_cert: CaCert = None) -> int:
+    """Print the image's size; fail when it is over the stack's max_image_gb."""
+    from rlstack.host import images
+
+    images.check_size(images.require_built(_plan(stack, base_image, ca_cert)))
+    return 0
+
+
+def push(
+    registry: Annotated[str, typer.Option(help="registry prefix, e.g. ghcr.io/OWNER")],
+    stack: StackName = "cpu",
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+) -> int:
+    """Push rlstack/<stack>:<hash12> as <registry>/rlstack-<stack>:<hash12> and :latest."""
+    from rlstack.host import images
+
+    print(images.push(images.require_built(_plan(stack, base_image, ca_cert)), registry))
+    return 0
