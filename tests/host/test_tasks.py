@@ -154,32 +154,6 @@ def test_host_commands_name_the_payload_options_declared_once() -> None:
         assert not inside & set(ours)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every rlstack.host module `path` imports, at module level or inside a function."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "rlstack.host":
-                out |= {a.name for a in node.names}
-            elif node.module.startswith("rlstack.host."):
-                out.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("rlstack.host.")}
-    return out
-
-
-def test_host_modules_import_no_circle() -> None:
-    graph = {p.stem: _imports(p) for p in (ROOT / "src" / "rlstack" / "host").glob("*.py")}
-
-    def reaches(start: str, node: str, seen: set[str]) -> bool:
-        for nxt in graph.get(node, set()):
-            if nxt == start or (nxt not in seen and reaches(start, nxt, seen | {nxt})):
-                return True
-        return False
-
-    assert [m for m in graph if reaches(m, m, set())] == []
-
-
 # Flags of other tools that messages name on purpose (docker, pip, uv, pytest): not ours to declare.
 FOREIGN_FLAGS = {"--gpus", "--require-hashes", "--no-deps", "--runtime", "--python-platform", "--index-url",
                  "--extra-index-url", "--platform", "--no-cache", "--only-binary",
