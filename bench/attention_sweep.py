@@ -1,6 +1,6 @@
 """Which launch shape of fastgen's triton decode attention reads the KV cache fastest (issue 14's speed work).
 
-Why: on the H200 (2026-12-05, bench/notes.md) the split kernel (`rlstack.payload.fastgen.split_attention`, the
+Why: on the H200 (2026-12-05, docs/archive/notes.md) the split kernel (`rlstack.payload.fastgen.split_attention`, the
 default decode attention on CUDA since) read the cache at ~2.2 TB/s alone, against ~3.1 for the grouped matmuls
 it replaced: 3.31 ms over all 768 slots at 64 sequences, 2.19 over the 466 a 512-token generation fills on
 average. At the matmuls' rate the step at 64 sequences would be ~0.8 ms shorter, which is most of the gap to
@@ -27,7 +27,7 @@ a batch is the grouped matmuls (decode_attention="matmul", compiled as fastgen's
                                                           fuse_merge (the kernel merges its own splits)
     RLSTACK_BENCH_SMOKE=1 python bench/attention_sweep.py  the CPU, Triton's interpreter, tiny shapes: the
                                                           script's logic only (results to /tmp)
-Results: bench/results/attention_sweep.{json,md}; the best tuning per (batch, fill) is in the JSON's `best`.
+Results: bench/results/attention_sweep.json; the best tuning per (batch, fill) is in the JSON's `best`.
 """
 
 from __future__ import annotations
@@ -218,7 +218,8 @@ def sweep(a: argparse.Namespace) -> int:
     data = {**common.header(), "ceilings": ceilings, "shape": {"layers": layers, "heads": heads, "kv_heads": kv,
                                                                "head_dim": d, "length": length},
             "best": best, "default": sa.TUNING.label()}
-    common.write_results("attention_sweep", data, rows, COLUMNS, NOTES)
+    common.write_results("attention_sweep", data, rows, COLUMNS, NOTES, question="engine-profile",
+                         title="fastgen's split-KV decode attention over launch shapes", engine="fastgen")
     for key, b in best.items():
         print(f"best at {key}: {b['tuning']} {b['ms']} ms ({b['vs_default']}x the default); in the step: "
               f"--variant attention_tuning={b['spec']}")

@@ -1,5 +1,5 @@
 """Shared pieces of the GPU benchmarks: environment record, measured ceilings, the Qwen3-4B-shaped random model,
-a full-vocab word tokenizer, and the JSON + Markdown writer.
+a full-vocab word tokenizer, and the results writer (the one schema of rlstack.core.results).
 
 Why measured ceilings: the floor of a memory-bound decode step is bytes / bandwidth, and datasheet bandwidth is
 a lead, not a reading; each run measures its own device-to-device copy rate and bf16 matmul rate.
@@ -227,30 +227,42 @@ def header() -> dict[str, Any]:
 
 
 def write_results(name: str, data: dict[str, Any], table: list[dict[str, Any]], columns: Sequence[str],
-                  notes: str = "", quiet: bool = False) -> Path:
-    """Write bench/results/<name>.json and .md (and copies under $OUT when set, for the device tool); print the
-    table last so it ends the run's output."""
-    results = RESULTS if not SMOKE else Path("/tmp/rlstack-bench-smoke")
-    results.mkdir(parents=True, exist_ok=True)
-    data = {**data, "table": table, "smoke": SMOKE}
-    js = json.dumps(data, indent=2, default=str)
-    md = [f"# {name}", "", f"{data.get('date', now())} on {data.get('gpu', {}).get('name', '?')}", ""]
-    if notes:
-        md += [notes, ""]
-    md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in table:
-        md.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
-    text = "\n".join(md) + "\n"
-    out_dirs = [results]
+                  notes: str = "", quiet: bool = False, *, question: str, title: str, stack: str | None = None,
+                  lock_hash: str | None = None, engine: str | None = None, environment: str = "native",
+                  deviations: Sequence[str] = (), metric: str | None = None, lower_is_better: bool = False,
+                  baseline: dict[str, Any] | None = None, group_by: str | None = None,
+                  headline: dict[str, Any] | None = None) -> Path:
+    """Write bench/results/<name>.json in the one results schema (rlstack.core.results; a copy under $OUT when
+    set, for the device tool) and print the table last, so it ends the run's output. `data` is the run's
+    record: its `date`, `gpu` and `argv` (from header()) fill the schema's when and where, the rest goes to
+    `extra`; `question` names the table of docs/performance.md the rows belong in (`invoke docs` renders it)."""
+    from rlstack.core import results
+
+    folder = RESULTS if not SMOKE else Path("/tmp/rlstack-bench-smoke")
+    gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+    smi = str(gpu.get("nvidia_smi") or "")
+    argv = [str(a) for a in data.get("argv") or sys.argv]
+    extra = {k: v for k, v in data.items() if k not in ("date", "gpu", "argv", "table")}
+    if gpu:
+        extra["gpu_detail"] = gpu
+    result = results.Result(
+        question=question, title=title, date=str(data.get("date") or now()), columns=list(columns), rows=table,
+        ran=results.Ran(command="python3 " + " ".join(argv), bench=Path(argv[0]).stem if argv else name,
+                        stack=stack, lock_hash=lock_hash, engine=engine),
+        where=results.Where(gpu=gpu.get("name"), driver=smi.split(",")[0].strip() or None,
+                            environment="host" if SMOKE else environment, deviations=list(deviations)),
+        metric=metric, lower_is_better=lower_is_better, baseline=baseline, group_by=group_by, headline=headline,
+        notes=notes,
+        extra=json.loads(json.dumps({**extra, "smoke": SMOKE}, default=str)))
+    path = results.write(result, name, folder)
     if os.environ.get("OUT") and not SMOKE:
-        out_dirs.append(Path(os.environ["OUT"]))
-    for d in out_dirs:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{name}.json").write_text(js)
-        (d / f"{name}.md").write_text(text)
+        results.write(result, name, Path(os.environ["OUT"]))
     if not quiet:
-        print(text, flush=True)
-    return results / f"{name}.json"
+        lines = [f"# {name}", "", f"{result.date} on {result.where.gpu or 'cpu'}", ""]
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in table]
+        print("\n".join(lines) + "\n", flush=True)
+    return path
 
 
 def _fmt(v: Any) -> str:
@@ -276,7 +288,8 @@ def trl_compat() -> list[str]:
     """trl 0.24.0 + transformers 5.x: trl.import_utils computes `_X_available = _is_package_available("X")`, which in
     transformers 5 returns a (bool, version) tuple - always truthy - so `import trl.trainer.grpo_trainer` tries to
     import mergekit (and other optional extras) and fails. Unpack those tuples to their bool before trl's trainers
-    import. Returns the names fixed (recorded in the results). The stack needs the same fix (see bench/notes.md)."""
+    import. Returns the names fixed (recorded in the results). The stack needs the same fix
+    (docs/archive/notes.md)."""
     import trl.import_utils as iu
 
     fixed = []

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = (f"Greedy, {args.max_new} new tokens per question (random weights: no early EOS), through "
              f"{data['implementation']}. Floor: weights + KV bytes per decode step over the measured copy bandwidth "
              f"({ceil['copy_bandwidth_TBps']:.2f} TB/s), prefill not counted.")
-    common.write_results("eval_throughput", data, rows, cols, notes)
+    common.write_results("eval_throughput", data, rows, cols, notes, question="evaluation",
+                         title="Greedy evaluation decoding at several batch sizes", metric="questions_per_s")
     return 0
 
 

@@ -19,7 +19,7 @@ gradient estimate by that much, and nothing corrects for it (TRL's importance-sa
 vLLM only). The log-ratio on sampled tokens is the importance weight such a correction would apply.
 
 Runs where it is: CPU here (no compile, eager; minutes on 2 cores), CUDA on the device machine (compiled, CUDA
-graphs), where the embedded model and portable's transformers travel: bench/fastgen_fidelity_device.sh.
+graphs), where the embedded model and portable's transformers travel: bench/transport/fastgen_fidelity_device.sh.
 `--engine-option` switches one part of the engine (the LoRA merge, the decode attention, compile) to find
 where a divergence comes from. Rows are keyed by device, model, dtype, LoRA rank and engine mode: a run replaces
 its own rows in bench/results/fastgen_fidelity.json and keeps the others.
@@ -28,7 +28,6 @@ its own rows in bench/results/fastgen_fidelity.json and keeps the others.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+from rlstack.core import results  # common puts src/ on the path
 
 NAME = "fastgen_fidelity"
 COLUMNS = ["device", "model", "dtype", "lora_r", "engine_mode", "greedy_equal_fraction", "greedy_rows_identical",
@@ -210,7 +210,7 @@ def _against_policy(model: Any, enc: Any, seq: Any, sampler_logits: Any, tempera
 
 def merge_rows(path: Path, rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
     """The rows already in the results file, with this run's replacing those of the same key."""
-    old = json.loads(path.read_text()).get("table", []) if path.exists() else []
+    old = results.read(path).rows if path.exists() else []
     mine = {tuple(r.get(k) for k in key) for r in rows}
     return [r for r in old if tuple(r.get(k) for k in key) not in mine] + rows
 
@@ -267,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
            **{k: (round(v, 6) + 0.0 if isinstance(v, float) else v) for k, v in s.items()},  # + 0.0: no "-0"
            "target_greedy_95": g["greedy_equal_fraction"] >= 0.95, "wall_s": round(time.perf_counter() - t0, 1),
            "command": "python bench/fastgen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    results = common.RESULTS / f"{NAME}.json"
-    table = merge_rows(results, [row], ("device", "model", "dtype", "lora_r", "engine_mode"))
-    common.write_results(NAME, common.header(), table, COLUMNS, NOTES)
+    table = merge_rows(common.RESULTS / f"{NAME}.json", [row], ("device", "model", "dtype", "lora_r", "engine_mode"))
+    common.write_results(NAME, common.header(), table, COLUMNS, NOTES, question="fidelity", engine="fastgen",
+                         title="fastgen against transformers' generate: greedy agreement, sampled KL")
     return 0
 
 

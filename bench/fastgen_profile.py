@@ -2,7 +2,7 @@
 first, write the prediction down, then the outcome").
 
 fastgen reached 1,515 tok/s at 8 sequences on the H200 (5.28 ms per step), 38 % of the 4,013 tok/s bandwidth
-floor. bench/notes.md lists four suspects without a measurement (kernel count, skinny GEMMs at 8 rows, sampling
+floor. docs/archive/notes.md lists four suspects without a measurement (kernel count, skinny GEMMs at 8 rows, sampling
 outside the graph, padded cache reads). This bench splits the step into parts that can each be timed alone, on
 the same model fastgen decodes (Qwen3-4B shape, random bf16 weights, LoRA r=32 merged into the shadow, the
 recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as in the recipe's step, 64 are
@@ -32,15 +32,15 @@ recipe's 512 new tokens; 8 sequences are one 150-token prompt x 8 generations as
 
 The parts are timed alone, so they do not add up exactly (a part replayed alone keeps more in L2 than the step
 does); the split says which part to work on, not to the microsecond. The parts are graph replays since the
-second run: the first (2026-12-04, bench/results/sm90/fastgen_profile-percall-20261204.json) timed each eager
+second run: the first (2026-12-04, bench/results/archive/sm90/fastgen_profile-percall-20261204.json) timed each eager
 call alone and measured launches (`graph_ms`). Nothing here changes fastgen: it reads
 the engine's captured graph after a normal generate() call.
 
-    bash bench/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
+    bash bench/transport/native_probe.sh py portable bench/fastgen_profile.py [--batches 8,64]
         [--variant fuse_projections=true --variant '']   an A/B in one process, rows tagged by variant
     RLSTACK_BENCH_SMOKE=1 python bench/fastgen_profile.py       # CPU, tiny model: no graph, parts that apply
     python bench/fastgen_profile.py --rederive RUN.json [--name N]  # a stored run's sums, this accounting
-Results: bench/results/fastgen_profile.{json,md}.
+Results: bench/results/fastgen_profile.json.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import rollout_generation as rg
+from rlstack.core import results  # common puts src/ on the path
 
 PROMPT_LENS = (150, 170, 190, 210)
 COLUMNS = ["variant", "batch", "prompt_len", "cache_len", "wall_ms", "replay_ms", "replay_mean_ms", "replay_fused_ms",
@@ -223,8 +224,12 @@ def rederive(path: Path, name: str) -> int:
     """Recompute a stored run's sums (gemm_ms, its bandwidth fraction, rest_ms) from its measured parts with
     this accounting, no GPU: the timings stay the run's, `rederived` records when and by what."""
     data = json.loads(path.read_text())
+    if "schema_version" in data:  # the results schema (rlstack.core.results); archived runs are the older layout
+        stored = results.read(path)
+        data, rows = {**stored.extra, "date": stored.date, "argv": stored.ran.command.split()[1:]}, stored.rows
+    else:
+        rows = data.pop("table")
     bandwidth = data["ceilings"]["copy_bandwidth_Bps"]
-    rows = data.pop("table")
     data.pop("smoke", None)
     for row in rows:
         if row.get("gemm_parts"):
@@ -232,7 +237,8 @@ def rederive(path: Path, name: str) -> int:
             row.update(gemm_columns(row["gemm_parts"], batch, bandwidth, bool(row.get("fused_gemms_saved"))))
             derive_rest(row)
     data["rederived"] = {"date": common.now(), "from": str(path), "argv": sys.argv}
-    common.write_results(name, data, rows, COLUMNS, NOTES)
+    common.write_results(name, data, rows, COLUMNS, NOTES, question="engine-profile", engine="fastgen",
+                         title="fastgen's decode step split into parts (ms per step)")
     return 0
 
 
@@ -544,7 +550,7 @@ def profile_batch(pm: Any, tok: Any, gc: Any, batch: int, new_tokens: int, ceil:
     row["prefilled_rows"] = getattr(eng, "prefilled_rows", None)  # fewer than batch: prefill_once served repeats
     row["prefill_share_ms"] = round(first * 1e3 / new_tokens, 4)
     # the shadow's refresh alone (LoRA merged into every projection, the FP8 copies quantized again): the part of
-    # prefill_ms that vLLM's bf16 row does not pay, and a candidate of its own (bench/notes.md, 2026-12-05)
+    # prefill_ms that vLLM's bf16 row does not pay, and a candidate of its own (docs/archive/notes.md, 2026-12-05)
     if eng._shadow is not None:
         row["refresh_ms"] = round(statistics.median(common.cuda_time(eng._shadow.refresh, warmup=1, reps=reps))
                                   * 1e3, 3)
@@ -614,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
             if failed is not None:
                 break
     fastgen.release(pm)
-    common.write_results("fastgen_profile", data, rows, COLUMNS, NOTES)  # smoke mode: /tmp only
+    common.write_results("fastgen_profile", data, rows, COLUMNS, NOTES, question="engine-profile", engine="fastgen",
+                         title="fastgen's decode step split into parts (ms per step)")  # smoke mode: /tmp only
     return 0 if rows and not any("error" in r for r in rows) else 1
 
 

@@ -1,5 +1,5 @@
 """The GPU stacks, proven through the real `rlstack` commands (issue 12): on a GPU host with a stack's locked wheels
-installed natively (`invoke native-stage`, `bench/native_probe.sh`), train the default recipe's shape on a
+installed natively (`invoke native-stage`, `bench/transport/native_probe.sh`), train the default recipe's shape on a
 Qwen3-4B-shaped model saved locally, verify the adapter, evaluate it, and hand adapters between stacks. Nothing
 here patches rlstack: every number comes from `python3 -m rlstack.cli ...` subprocesses and the files they write.
 
@@ -8,14 +8,14 @@ Device side (PYTHONPATH=/tmp/site-STACK:src), each step writes $OUT/gpu_stacks/<
     python3 bench/gpu_stacks.py train --stack portable [--steps 10] rlstack train (the stack's default path)
     python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-portable --backend vllm
   the hand-off on one base with an adapter that does something (a real model: the embedded one, its folder built
-  by bench/fastgen_fidelity_device.sh, RLSTACK_MODEL_CACHE pointing at it in both stacks):
+  by bench/transport/fastgen_fidelity_device.sh, RLSTACK_MODEL_CACHE pointing at it in both stacks):
     python3 bench/gpu_stacks.py train --stack portable --model embedded:smollm2-135m --name gpu-emb
     python3 bench/gpu_stacks.py eval --stack portable --adapter gpu-emb --backend hf --unquantized
     python3 bench/gpu_stacks.py eval --stack fp8 --adapter gpu-emb --backend vllm
-A run longer than one device call (a cold fp8 train: ~600 s) goes through `bash bench/native_probe.sh bg STACK
+A run longer than one device call (a cold fp8 train: ~600 s) goes through `bash bench/transport/native_probe.sh bg STACK
 bench/gpu_stacks.py ...`, then `... wait STACK` calls back to back until it ends.
 Host side:
-    python bench/gpu_stacks.py summarize DIR...                     -> bench/results/gpu_stacks.json + .md
+    python bench/gpu_stacks.py summarize DIR...                     -> bench/results/gpu_stacks.json
 
 Why a random model: no weights can be downloaded on the device machine; the shape fixes the cost of a step, not
 its rewards. Accuracy on random weights is ~0 and says nothing about learning; it is recorded to show the path ran.
@@ -348,7 +348,7 @@ def row_eval(stack: str, train_date: str | None, evals: list[dict[str, Any]]) ->
 
 
 def cmd_summarize(a: argparse.Namespace) -> int:
-    """Merge the device steps' JSON into bench/results/gpu_stacks.{json,md}; --note says what a run's numbers
+    """Merge the device steps' JSON into bench/results/gpu_stacks.json; --note says what a run's numbers
     cannot (a failure's wall, what was not run)."""
     records = []
     for d in a.dirs:
@@ -464,7 +464,8 @@ def cmd_summarize(a: argparse.Namespace) -> int:
     if a.note:
         notes += "\n\n" + "\n\n".join(a.note)
         data["notes"] = a.note
-    common.write_results("gpu_stacks", data, table, cols, notes)
+    common.write_results("gpu_stacks", data, table, cols, notes, question="learning",
+                         title="rlstack train, then rlstack eval, per stack (Qwen3-4B shape, random weights)")
     return 0
 
 

@@ -202,7 +202,9 @@ def run_mode(mode: str, path: str, tok: Any, shape: dict[str, Any], T: int, step
             if eng is not None and (eng.compile_error or eng.graph_error):
                 rows[-1]["error"] = f"compile: {eng.compile_error} graph: {eng.graph_error}"[:300]
             print(rows[-1], flush=True)
-            common.write_results("grpo_step", {"partial": True, "loss_check": checks}, rows, ["variant"], quiet=True)
+            common.write_results("grpo_step", {"partial": True, "loss_check": checks}, rows, ["variant"], quiet=True,
+                             question="grpo-step",
+                              title="One GRPO step (partial)")
         except Exception as exc:
             traceback.print_exc()
             rows.append({"variant": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
@@ -257,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
              f"{shape['prompts_per_step']} prompt(s) x {shape['num_generations']} generations x {T} tokens per step "
              f"(shape from {shape['source']}); medians over steps 2..N (step 1, with compilation, is first_step_s). "
              f"Loss check (same batch, both trainers): {checks}")
-    common.write_results("grpo_step", data, rows, cols, notes)
+    common.write_results("grpo_step", data, rows, cols, notes, question="grpo-step",
+                         title="One GRPO step, LoRA r=32: TRL's default generate against fastgen", metric="step_s",
+                         lower_is_better=True, baseline={"variant": "trl_default"}, headline={"variant": "fastgen"})
     return 0
 
 

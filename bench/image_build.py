@@ -1,5 +1,5 @@
 """Image build benchmark: cold build time and size of each stack's image, the warm rebuild after a one-line
-source change, and the no-change skip. Results merge per stack into bench/results/image_build.{json,md}.
+source change, and the no-change skip. Results merge per stack into bench/results/image_build.json.
 
 "Cold" means an empty BuildKit cache (layers and the uv/apt cache mounts: `docker builder prune -af`
 runs first unless --keep-cache), so every wheel is downloaded and installed; the base image is already
@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rlstack import stacks  # noqa: E402
-from rlstack.core.tables import markdown_table  # noqa: E402
 from rlstack.host import engine, images  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -85,32 +84,20 @@ def bench_stack(name: str, base_image: str, ca_cert: str | None, keep_cache: boo
     }
 
 
-def write(results: dict[str, dict[str, Any]]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "image_build.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
-        v = r.get(key)
-        return "-" if v is None else format(v, fmt)
+def write(by_stack: dict[str, dict[str, Any]]) -> None:
+    """bench/results/image_build.json in the results schema: one row per stack, the stacks measured before kept."""
+    from rlstack.core import results
 
-    rows = [[r["stack"], cell(r, "cold_build_s", ".0f"), cell(r, "size_gb", ".2f"), cell(r, "max_image_gb", "g"),
-             cell(r, "warm_rebuild_after_source_change_s", ".1f"), cell(r, "layers_rebuilt_by_source_change", "d"),
-             cell(r, "no_change_skip_s", ".2f"), r.get("machine", "-"), r.get("measured", "-")[:10]]
-            for r in (results[k] for k in sorted(results))]
-    notes = [f"- {r['stack']}: {r['note']}" for r in (results[k] for k in sorted(results)) if r.get("note")]
-    md = [
-        "# Image builds",
-        "",
-        "Measured by `bench/image_build.py` (BuildKit via Debian's docker.io 20.10, base image "
-        "`rlstack-test/bookworm-minbase` = debootstrap bookworm minbase; cold = empty builder cache, every wheel "
-        "downloaded from PyPI). Warm = rebuild after a one-line change to a project source file.",
-        "",
-        markdown_table(["stack", "cold build s", "size GB", "limit GB", "warm rebuild s", "layers rebuilt",
-                        "no-change skip s", "machine", "date"], rows),
-        "",
-        *notes,
-        *([""] if notes else []),
-    ]
-    (RESULTS / "image_build.md").write_text("\n".join(md))
+    result = results.Result(
+        question="image-builds", title="Image builds from an empty builder cache",
+        date=max(r["measured"] for r in by_stack.values()).replace("+00:00", "Z"),
+        ran=results.Ran(command="python3 bench/image_build.py --stack STACK --base-image "
+                                "rlstack-test/bookworm-minbase", bench="image_build"),
+        where=results.Where.detect(environment="host", machine=f"{os.cpu_count()} cores"),
+        columns=["stack", "cold_build_s", "size_gb", "max_image_gb", "warm_rebuild_after_source_change_s",
+                 "layers_rebuilt_by_source_change", "no_change_skip_s", "measured"],
+        rows=[by_stack[k] for k in sorted(by_stack)])
+    results.write(result, "image_build", RESULTS)
 
 
 def main() -> int:
@@ -121,12 +108,14 @@ def main() -> int:
     p.add_argument("--keep-cache", action="store_true", help="do not empty the builder cache first")
     p.add_argument("--keep-images", action="store_true", help="keep the bench images afterwards")
     args = p.parse_args()
+    from rlstack.core import results
+
     path = RESULTS / "image_build.json"
-    results: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
+    by_stack = {r["stack"]: r for r in results.read(path).rows} if path.is_file() else {}
     for name in args.stack.split(","):
         r = bench_stack(name, args.base_image, args.ca_cert, args.keep_cache, not args.keep_images)
-        results[name] = r
-        write(results)
+        by_stack[name] = r
+        write(by_stack)
         print(json.dumps(r, indent=2))
     return 0
 

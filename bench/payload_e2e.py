@@ -132,13 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         with combined.open("a") as fh:
             for log in sorted(out.glob(f"*_{mode}.log")):
                 fh.write(f"===== {log.name} (last 6000 chars)\n{log.read_text()[-6000:]}\n")
-        common.write_results("payload_e2e", {**data, "partial": True}, rows, ["mode"], quiet=True)
+        common.write_results("payload_e2e", {**data, "partial": True}, rows, ["mode"], quiet=True,
+                             question="grpo-step",
+                              title="rlstack train end to end (partial)")
     cols = ["mode", "train_rc", "train_wall_s", "steps_logged", "step_time_s", "completion_tokens_per_s", "eval_rc",
             "eval_wall_s", "eval_questions_per_s", "fastgen_served", "eval_timings"]
     notes = ("`rlstack train --recipe gsm8k-grpo` (4-bit QLoRA via transformers+peft+bitsandbytes: no unsloth on "
              "this machine) on generated problems, then `rlstack eval --backend hf --load-in-4bit` with the adapter. "
              f"Completion length override: {args.completion or 'none'}; logs: train_*.log, eval_*.log.")
-    common.write_results("payload_e2e", data, rows, cols, notes)
+    common.write_results("payload_e2e", data, rows, cols, notes, question="grpo-step",
+                         title="rlstack train end to end, 4-bit QLoRA: generate against fastgen")
     return 0
 
 

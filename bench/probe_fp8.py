@@ -5,7 +5,7 @@ wheel's RECORD, index listings fetched, co-install resolution re-run), warm (the
 it is in every run: it is the machine's, not rlstack's. Python's bytecode cache is too: the runs drop
 PYTHONDONTWRITEBYTECODE (this project's machine sets it, and then every run recompiles rlstack and its
 dependencies, about 1 s of CPU that no installed copy spends), and one untimed import writes the caches first.
-Writes bench/results/probe_fp8.json and .md.
+Writes bench/results/probe_fp8.json (the results schema, rlstack.core.results).
 
     python bench/probe_fp8.py [--cold N] [--warm N] [--suggest N]
 """
@@ -13,7 +13,6 @@ Writes bench/results/probe_fp8.json and .md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 INVOKE = [sys.executable, "-m", "invoke"]
+TARGETS_S = {"cold": 5, "warm": 1, "cold --suggest": 60}
 
 
 def _env(cache: Path) -> dict[str, str]:
@@ -87,31 +87,20 @@ def main() -> int:
             print(rows[-1], flush=True)
     kinds = [k for k in ("cold", "warm", "cold --suggest") if any(r["run"] == k for r in rows)]
     summary = {k: statistics.median([float(r["wall_s"]) for r in rows if r["run"] == k]) for k in kinds}  # type: ignore[arg-type]
-    data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
-            "cpus": os.cpu_count(), "command": "invoke probe-fp8 --json [--suggest]", "median_s": summary,
-            "targets_s": {"cold": 5, "warm": 1, "cold --suggest": 60}, "runs": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "probe_fp8.json").write_text(json.dumps(data, indent=2) + "\n")
-    md = ["# probe_fp8", "", f"{data['date']} on {data['host']} ({data['cpus']} CPUs), no GPU: `invoke probe-fp8 "
-          "--json` (the static layers for fp8-report and fp8 on sm_120), and the same with `--suggest`.", "",
-          "Cold = empty RLSTACK_CACHE: wheel members range-read from PyPI (each checked against the wheel's RECORD), "
-          "index listings fetched, the co-install resolution re-run by uv; warm = the same cache again. uv's own "
-          "package cache is warm in every run, and so is Python's bytecode cache (the runs drop this machine's "
-          "PYTHONDONTWRITEBYTECODE=1, under which every run recompiles rlstack and its dependencies). MB and "
-          "requests: what rlstack fetched, index listings included (gzip-encoded bytes on the wire); cache MB: what "
-          "the run left in RLSTACK_CACHE.", "",
-          "| run | wall s | exit | MB fetched | requests | cache MB | fp8-report walls | fp8 failures |",
-          "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['run']} | {r['wall_s']} | {r['exit']} | {r['mb']} | {r['requests']} | {r['cache_mb']} | "
-                  f"{', '.join(r['fp8_report_walls'])} | {', '.join(r['fp8_failures']) or '-'} |")  # type: ignore[arg-type]
-    md += ["", "Median: " + ", ".join(f"{k} {v:.1f} s (target {data['targets_s'][k]} s)"  # type: ignore[index]
-                                      for k, v in summary.items())]
-    for r in rows:
-        if "rank1" in r:
-            md += ["", f"`--suggest` rank 1 ({r['suggest_s']} s of the run): `{json.dumps(r['rank1'])}`"]
-    (RESULTS / "probe_fp8.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    from rlstack.core import results
+
+    table = [{"run": k, "median_s": v, "target_s": TARGETS_S[k],
+              "mb_read": next((r["mb"] for r in rows if r["run"] == k), None)} for k, v in summary.items()]
+    result = results.Result(
+        question="probe-speed", title="invoke probe-fp8, both FP8 stacks, no GPU (median of 3)",
+        ran=results.Ran(command="invoke probe-fp8 --json [--suggest]", bench="probe_fp8"),
+        where=results.Where.detect(environment="host", machine=f"{os.cpu_count()} cores"),
+        columns=["run", "median_s", "target_s", "mb_read"], rows=table,
+        notes="Cold: an empty RLSTACK_CACHE (wheel members range-read from PyPI, each checked against its RECORD); "
+              "warm: the same cache again. uv's package cache and Python's bytecode cache are warm in every run.",
+        extra={"host": platform.node(), "cpus": os.cpu_count(), "runs": rows})
+    print(f"wrote {results.write(result, 'probe_fp8', RESULTS)}")
+    print({k: f"{v:.2f} s" for k, v in summary.items()})
     return 0
 
 

@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if eng is not None and (eng.compile_error or eng.graph_error):
             rows[-1]["error"] = f"compile: {eng.compile_error} graph: {eng.graph_error}"[:300]
         print(rows[-1], flush=True)
-        common.write_results("rollout_generation", {**data, "partial": True}, rows, ["variant"], quiet=True)
+        common.write_results("rollout_generation", {**data, "partial": True}, rows, ["variant"], quiet=True,
+                             question="rollouts",
+                              title="GRPO rollout tokens/s (partial)")
 
     B = shape["generation_batch"]
     recipe_inputs = batch_inputs(B, seed=1)
@@ -266,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
              f" ({shape['prompts_per_step']} prompt(s) x {G} generations, {T} new tokens). Copy bandwidth "
              f"{ceil['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s. "
              f"Same-function check: {data['same_function_check']}")
-    common.write_results("rollout_generation", data, rows, cols, notes)
+    common.write_results("rollout_generation", data, rows, cols, notes, question="rollouts",
+                         title="GRPO rollout tokens/s, Qwen3-4B shape: TRL's default against fastgen",
+                         metric="tokens_per_s", baseline={"variant": "trl_default", "batch": 8},
+                         headline={"variant": "fastgen", "batch": 8})
     return 0
 
 

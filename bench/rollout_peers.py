@@ -8,12 +8,13 @@ its own Python process (Unsloth patches transformers' classes at import; vLLM ke
 `run` per stack measures the engines it has and a `merge` joins the rows. One run id per lease: `prepare` writes it
 next to the model, every row carries it, `merge` refuses rows of another lease.
 
-Device side (PYTHONPATH with a stack's wheels: `bash bench/native_probe.sh py STACK bench/rollout_peers.py ...`):
+Device side (PYTHONPATH with a stack's wheels:
+`bash bench/transport/native_probe.sh py STACK bench/rollout_peers.py ...`):
     python3 bench/rollout_peers.py prepare                  model + LoRA adapter + merged model + ceilings + run id
     python3 bench/rollout_peers.py run --stack fp8 --engines vllm-bf16,vllm-bf16-lora,vllm-fp8
     python3 bench/rollout_peers.py run --stack portable --engines fastgen,unsloth-generate,trl-default,...
 Host side:
-    python bench/rollout_peers.py merge DIR_OR_FILE...      -> bench/results/rollout_peers.json + .md, targets
+    python bench/rollout_peers.py merge DIR_OR_FILE...      -> bench/results/rollout_peers.json, targets
 
 Each engine process writes $OUT/rollout_peers/<stack>-<engine>.json after every batch (a timeout keeps what was
 measured). Smoke mode (RLSTACK_BENCH_SMOKE=1): a tiny model on the CPU, 16 new tokens, batches 2 and 4; the engines
@@ -607,7 +608,10 @@ def cmd_merge(a: argparse.Namespace) -> int:
              f"tokens x {NUM_GENERATIONS} generations; T=1, top_p 1, top_k {TOP_K}. Engines without a measurement: "
              f"{', '.join(missing) or 'none'}; measured at: {batches_measured(rows)}. Targets: "
              + "; ".join(outcome(g) for g in goals) + ("" if not a.note else ". " + " ".join(a.note)))
-    common.write_results(a.name, data, rows, COLUMNS, notes)
+    common.write_results(a.name, data, rows, COLUMNS, notes, question="rollouts", metric="tokens_per_s",
+                         title="Rollout engines side by side in one run: tokens/s at 512 new tokens",
+                         baseline={"engine": "vllm-bf16"}, group_by="batch",
+                         headline={"engine": "fastgen", "batch": 64})
     return 0
 
 

@@ -22,10 +22,10 @@ def load_bench() -> Callable[[str], ModuleType]:
     def load(name: str) -> ModuleType:
         if str(BENCH) not in sys.path:
             sys.path.insert(0, str(BENCH))
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"bench_{name.replace('/', '_')}", BENCH / f"{name}.py")
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
-        sys.modules.setdefault(f"bench_{name}", module)
+        sys.modules.setdefault(f"bench_{name.replace('/', '_')}", module)
         spec.loader.exec_module(module)
         return module
 

@@ -215,11 +215,17 @@ def test_rederive_recomputes_the_sums_and_keeps_the_timings(profile: ModuleType,
     monkeypatch.setattr(common, "SMOKE", False)
     monkeypatch.delenv("OUT", raising=False)
     assert profile.main(["--rederive", str(src), "--name", "profile_x"]) == 0
-    out = json.loads((tmp_path / "results" / "profile_x.json").read_text())
-    fused, apart = out["table"]
+    from rlstack.core import results
+
+    out = results.read(tmp_path / "results" / "profile_x.json")  # the results schema, through its one reader
+    fused, apart = out.rows
     assert fused["gemm_ms"] == 2.0 + 1.0 + 1.5 + 1.0 + 1.0 and fused["rest_ms"] == round(9.0 - 6.5 - 0.5, 4)
     assert apart["gemm_ms"] == 8.0 and apart["rest_ms"] == 1.0
-    assert fused["replay_ms"] == 9.0 and out["date"] == run["date"] and out["rederived"]["from"] == str(src)
+    assert fused["replay_ms"] == 9.0 and out.date == run["date"] and out.extra["rederived"]["from"] == str(src)
+    assert out.question == "engine-profile" and out.where.gpu == "H200"
+    # a stored run in the schema rederives too (the pre-schema layout above is what archive/ holds)
+    assert profile.main(["--rederive", str(tmp_path / "results" / "profile_x.json"), "--name", "profile_y"]) == 0
+    assert results.read(tmp_path / "results" / "profile_y.json").rows[0]["gemm_ms"] == fused["gemm_ms"]
 
 
 def test_replay_mean_weights_each_read_length_by_the_steps_it_serves(profile: ModuleType) -> None:

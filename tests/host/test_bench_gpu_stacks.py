@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from rlstack.core import results
+
 
 @pytest.fixture(scope="module")
 def gpu_stacks(load_bench: Callable[[str], ModuleType]) -> ModuleType:
@@ -97,19 +99,21 @@ def test_the_step_speedup_over_the_stacks_own_generation(gpu_stacks: ModuleType,
     monkeypatch.setattr(gpu_stacks.common, "RESULTS", tmp_path / "results")
     monkeypatch.delenv("OUT", raising=False)
     assert gpu_stacks.cmd_summarize(argparse.Namespace(dirs=[str(tmp_path)], note=None)) == 0
-    data = json.loads((tmp_path / "results" / "gpu_stacks.json").read_text())
-    assert [r["steps"] for r in data["table"]] == [4]  # the table's run only
+    out = results.read(tmp_path / "results" / "gpu_stacks.json")
+    data = out.extra
+    assert [r["steps"] for r in out.rows] == [4]  # the table's run only
     f = data["fastgen_step_speedup"]["portable"]
     assert f["default"]["s_per_step_median"] == 3.0 and f["own_generation"]["s_per_step_median"] == 32.5
     assert f["speedup"] == 10.83
-    assert "10.83x" in (tmp_path / "results" / "gpu_stacks.md").read_text()
+    assert "10.83x" in out.notes
 
     # the two runs on different cards (an H200 lease, then an H100 one): no ratio, and the table says why
     own = json.loads((tmp_path / "portable-gpu-portable-unsloth-gen-train.json").read_text())
     own["gpu"] = {"name": "NVIDIA H200"}
     (tmp_path / "portable-gpu-portable-unsloth-gen-train.json").write_text(json.dumps(own))
     assert gpu_stacks.cmd_summarize(argparse.Namespace(dirs=[str(tmp_path)], note=None)) == 0
-    data = json.loads((tmp_path / "results" / "gpu_stacks.json").read_text())
+    out = results.read(tmp_path / "results" / "gpu_stacks.json")
+    data = out.extra
     assert "fastgen_step_speedup" not in data
     assert "not one card" in data["fastgen_step_speedup_not_shown"]["portable"]
-    assert "not shown (own generation on NVIDIA H200" in (tmp_path / "results" / "gpu_stacks.md").read_text()
+    assert "not shown (own generation on NVIDIA H200" in out.notes

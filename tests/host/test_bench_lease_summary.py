@@ -1,4 +1,4 @@
-"""bench/lease_summary.py: a steps-bg folder read back into a few lines, and the plan's rule for a new TUNING
+"""bench/transport/lease_summary.py: a steps-bg folder read back into a few lines, and the plan's rule for a new TUNING
 applied to the sweep: > 10 % faster at 64 sequences and no slower at 8 (the same launch, whatever spec the
 sweep timed it under)."""
 
@@ -33,7 +33,7 @@ def _sweep(best64: str, ms64: float, at8: float) -> dict:
 
 @pytest.fixture(scope="module")
 def summary(load_bench: Callable[[str], ModuleType]) -> ModuleType:
-    return load_bench("lease_summary")
+    return load_bench("transport/lease_summary")
 
 
 def test_a_shape_faster_at_64_and_no_slower_at_8_becomes_the_proposal(summary: ModuleType) -> None:
@@ -60,7 +60,7 @@ def test_a_steps_folder_reads_back_as_steps_profile_tests_and_sweep(
         {"variant": "prefill_once=false", "batch": 64, "wall_ms": 7.3, "prefill_ms": 330.0, "prefilled_rows": 64,
          "pick_parts": {"warp_ms": 0.24, "draw_ms": 0.14, "topk_ms": 0.17, "draw_triton_ms": 0.03}}]}))
     (tmp_path / "2-pytest.log").write_text("....F\n1 failed, 17 passed in 80.1s\n")
-    proc = run_bench("lease_summary", str(tmp_path), env=dict(os.environ))
+    proc = run_bench("transport/lease_summary", str(tmp_path), env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "step 3 3-attention_sweep: not started" in out and "step 2 2-pytest: exit 1 in 80.0 s" in out
@@ -68,5 +68,5 @@ def test_a_steps_folder_reads_back_as_steps_profile_tests_and_sweep(
     assert out.count("pick at batch 64: warp_ms 0.24, draw_ms 0.14, draw_triton_ms 0.03; fastest draw launch "
                      "(chunks:warps) 32:4 0.021") == 1  # once a batch
     assert "2-pytest.log: 1 failed, 17 passed" in out and "no attention_sweep.json" in out
-    bad = run_bench("lease_summary", str(tmp_path / "nowhere"), env=dict(os.environ))
+    bad = run_bench("transport/lease_summary", str(tmp_path / "nowhere"), env=dict(os.environ))
     assert bad.returncode == 2 and "not a folder" in bad.stderr

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+from rlstack.core import results
+
 
 @pytest.fixture(scope="module")
 def peers(load_bench: Callable[[str], ModuleType]) -> ModuleType:
@@ -63,10 +65,10 @@ def test_merge_takes_the_measuring_machine_and_blanks_vllms_unseen_peak(tmp_path
                  [_row("fastgen", 8, 1600.0, loader="unsloth", peak_gib=10.7)])
     proc = merge(str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
-    assert data["gpu"]["name"] == "NVIDIA H200" and data["date"] == "2026-12-04T15:00:00Z"
-    assert "versions" not in data  # the host's versions say nothing about the engines; each file keeps its own
-    peaks = {r["engine"]: r["peak_gib"] for r in data["table"]}
+    out = results.read(Path("/tmp/rlstack-bench-smoke/rollout_peers.json"))
+    assert out.where.gpu == "NVIDIA H200" and out.date == "2026-12-04T15:00:00Z"
+    assert "versions" not in out.extra  # the host's versions say nothing about the engines; each file keeps its own
+    peaks = {r["engine"]: r["peak_gib"] for r in out.rows}
     assert peaks == {"vllm-bf16": None, "fastgen": 10.7}
 
 
@@ -76,7 +78,7 @@ def test_merge_refuses_rows_of_two_leases_without_a_run_id(tmp_path: Path, merge
     proc = merge(str(tmp_path))
     assert proc.returncode != 0 and "pick one with --run-id" in proc.stderr
     assert merge(str(tmp_path), "--run-id", "r2").returncode == 0
-    data = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers.json").read_text())
+    data = results.read(Path("/tmp/rlstack-bench-smoke/rollout_peers.json")).extra
     assert [m["file"] for m in data["engine_files"]] == ["b.json"]  # the other lease's file lends nothing
 
 
@@ -92,7 +94,7 @@ def test_merge_under_another_name_leaves_the_full_table(tmp_path: Path, merge: R
     proc = merge(str(tmp_path), "--name", "rollout_peers_pair")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(full.read_text()) == {"kept": True}
-    pair = json.loads(Path("/tmp/rlstack-bench-smoke/rollout_peers_pair.json").read_text())
+    pair = results.read(Path("/tmp/rlstack-bench-smoke/rollout_peers_pair.json")).extra
     at8 = next(g for g in pair["targets"] if g["target"].endswith("vLLM bf16 at 8"))
     assert at8["value"] == pytest.approx(0.95) and at8["met"] is False
 

@@ -1,5 +1,5 @@
-"""bench/steps.py: steps run in turn, each with its own $OUT folder and log, a failed one does not stop the rest,
-the record is on disk after every step, and a step past --stop-after is not started."""
+"""bench/transport/steps.py: steps run in turn, each with its own $OUT folder and log, a failed one does not stop
+the rest, the record is on disk after every step, and a step past --stop-after is not started."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def test_steps_run_in_turn_each_with_its_own_out_and_a_failure_does_not_stop_the
     (tmp_path / "w.py").write_text(write)
     (tmp_path / "fail.py").write_text("import sys; print('no GPU here'); sys.exit(3)")
     env = {**os.environ, "OUT": str(tmp_path / "out")}
-    proc = run_bench("steps", f"{tmp_path / 'w.py'} one", str(tmp_path / "fail.py"), f"{tmp_path / 'w.py'} 'two words'",
-                     env=env)
+    proc = run_bench("transport/steps", f"{tmp_path / 'w.py'} one", str(tmp_path / "fail.py"),
+                     f"{tmp_path / 'w.py'} 'two words'", env=env)
     assert proc.returncode == 1, proc.stderr  # one step failed
     out = tmp_path / "out"
     records = json.loads((out / "steps.json").read_text())
@@ -30,7 +30,7 @@ def test_steps_run_in_turn_each_with_its_own_out_and_a_failure_does_not_stop_the
 
 def test_a_step_past_stop_after_is_not_started_and_counts_as_failed(
         tmp_path: Path, load_bench: Callable[[str], ModuleType]) -> None:
-    steps = load_bench("steps")
+    steps = load_bench("transport/steps")
     (tmp_path / "slow.py").write_text("import time; time.sleep(0.3)")
     records = steps.run_steps([[str(tmp_path / "slow.py")], [str(tmp_path / "slow.py")]], tmp_path / "out",
                               stop_after=0.1)
@@ -41,6 +41,6 @@ def test_a_step_past_stop_after_is_not_started_and_counts_as_failed(
 
 def test_an_empty_step_is_refused_saying_what_a_step_is(
         tmp_path: Path, run_bench: Callable[..., subprocess.CompletedProcess]) -> None:
-    proc = run_bench("steps", "bench/attention_sweep.py", "  ", env={**os.environ, "OUT": str(tmp_path)})
+    proc = run_bench("transport/steps", "bench/attention_sweep.py", "  ", env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 2 and "each STEP is a script and its options" in proc.stderr
     assert not (tmp_path / "steps.json").exists()  # nothing ran

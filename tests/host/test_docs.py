@@ -1,14 +1,64 @@
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from rlstack.core.errors import RlstackError
 from rlstack.host import commands, docs
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_readme_sections_are_current() -> None:
-    assert set(commands.readme_sections()) == {"stacks", "tasks", "compat-matrix"}
+
+def test_readme_sections_and_pages_are_current() -> None:
+    """What `invoke docs --check` checks, so the test suite (CI's command) fails on a stale table or page."""
+    assert set(commands.readme_sections()) == {"stacks", "results", "tasks", "compat-matrix"}
     assert docs.stale_sections(commands.readme_sections()) == [], "run: invoke docs"
+    assert docs.stale_pages() == [], "run: invoke docs"
+
+
+def _numbers(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", text))
+
+
+def _rendered_values(value: object) -> set[str]:
+    """Every number the renderer can print from one results file: each scalar as `fmt` prints it, and the
+    numbers inside its strings (dates, commands, titles)."""
+    if isinstance(value, dict):
+        return set().union(*(_rendered_values(v) for v in [*value.keys(), *value.values()])) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_rendered_values(v) for v in value)) if value else set()
+    return _numbers(docs.fmt(value)) | _numbers(str(value))
+
+
+def test_no_hand_typed_number_between_the_results_markers_or_in_the_performance_page() -> None:
+    """Every number in the README's results section and in docs/performance.md comes from a bench/results file
+    (a value, a ratio of two of them, or text the file holds); a number typed in by hand fails here."""
+    from rlstack.core import results
+
+    loaded = results.load_all()
+    known = set().union(*(_rendered_values(r.model_dump(mode="json")) for _, r in loaded))
+    for _, r in loaded:
+        known |= {f"{x:.2f}" for x in (r.ratio(row) for row in r.rows) if x is not None}
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
+    page = (ROOT / "docs" / "performance.md").read_text()
+    for name, text in [("README results section", section), ("docs/performance.md", page)]:
+        typed = _numbers(text) - known
+        assert not typed, f"{name} has numbers no bench/results file holds: {sorted(typed)}"
+    assert _numbers(section) and "bench/results/" in section  # the section is rendered, not empty
+    assert docs.results_section() in readme  # and is exactly what the JSON renders
+
+
+def test_a_hand_edit_of_the_results_table_is_stale(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text()
+    readme.write_text(text.replace("| what | measured |", "| what | measured |\n| typed | 9,999 | 2x | x | x |"))
+    assert docs.stale_sections({"results": docs.results_section}, readme) == ["results"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "performance.md").write_text(docs.performance_page() + "\n1.5x faster\n")
+    assert docs.stale_pages(tmp_path) == ["docs/performance.md"]
 
 
 def test_the_task_table_shows_real_defaults_and_the_namespaces() -> None:
@@ -17,6 +67,32 @@ def test_the_task_table_shows_real_defaults_and_the_namespaces() -> None:
     assert "`invoke train [--stack cpu]`" in table and "`invoke stacks [--stack STACK]`" in table
     assert "`invoke ci.probe-job --stack STACK`" in table and "`invoke dev.lint`" in table
     assert "`invoke shell [--stack cpu] [-- CMD]`" in table and "`invoke diagnose LOG`" in table
+    assert "`invoke bench NAME`" in table and "[--stack None]" not in (ROOT / "README.md").read_text()
+
+
+def test_invoke_bench_help_lists_every_benchmark_the_results_quote() -> None:
+    """Each results file names the benchmark that wrote it; `invoke bench --help` lists each, and the script is
+    there to run."""
+    import subprocess
+    import sys
+
+    from rlstack.core import results
+    from rlstack.host.devtools import BENCHMARKS
+
+    quoted = {r.ran.bench for _, r in results.load_all()}
+    assert quoted <= set(BENCHMARKS), f"results from benchmarks invoke bench does not list: {quoted - set(BENCHMARKS)}"
+    assert all((ROOT / "bench" / f"{name}.py").is_file() for name in BENCHMARKS)
+    out = subprocess.run(
+        [sys.executable, "-m", "invoke", "--help", "bench"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert all(name in out for name in BENCHMARKS), out
+
+
+def test_an_unknown_benchmark_names_the_known_ones() -> None:
+    from rlstack.host import devtools
+
+    with pytest.raises(RlstackError, match="rollout_peers"):
+        devtools.bench("nope")
 
 
 def test_replace_section_only_between_markers() -> None:

@@ -62,7 +62,7 @@ def test_probe_and_merge_jobs_update_the_matrix(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     after = store.load(tmp_path / "compat_matrix.yaml")
     cpu_hash = locks.lock_hash(stacks.load_stack("cpu"))
-    new_rows = [r for r in after.rows if r.stack == "cpu" and r.lock_hash == cpu_hash and r.source == "measured"]
+    new_rows = [r for r in after.rows if r.stack == "cpu" and r.lock_hash == cpu_hash and r.source == "predicted"]
     assert new_rows, "the merge did not add the cpu stack's row for its current lock"
     assert {r.key for r in before.rows} <= {r.key for r in after.rows}  # no row lost
     assert (tmp_path / "compat_matrix.yaml").read_text() != (ROOT / "compat_matrix.yaml").read_text()

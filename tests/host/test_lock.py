@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -131,7 +132,7 @@ def test_parse_locked_keeps_hashes_and_markers_and_pins_derive_from_it() -> None
 FAKE_NEWEST = "99.0"
 
 
-def _fake_uv(calls: list[dict[str, str]]):  # type: ignore[no-untyped-def]
+def _fake_uv(calls: list[dict[str, str]]) -> Callable[..., subprocess.CompletedProcess[str]]:
     """A stand-in for `uv pip compile --output-file F`: like uv, it reads F as preferred pins and keeps each one
     that still satisfies the requirements; anything else gets the requirement's '==' version or FAKE_NEWEST."""
     from packaging.requirements import Requirement
@@ -226,3 +227,153 @@ def test_hand_edited_build_backend_is_caught(stack_tree: Path) -> None:
     path.write_text(path.read_text().replace(f"hatchling=={version}", "hatchling==1.0.0"))
     with pytest.raises(LockError, match="hatchling is 1.0.0"):
         locks.check_build_backend(stack_tree)
+
+
+# --- the lock verifies itself: a hand edit fails and is named ----------------------------------------------
+
+
+def _edit_cpu_lock(edit: Callable[[str], str]) -> tuple[stacks.Stack, str]:
+    """Apply `edit` to the stack_tree's cpu lock; returns the stack and the lock as it was (what a fresh
+    resolution of the same inputs gives back, the reference that names the edit)."""
+    cpu = stacks.load_stack("cpu")
+    original = cpu.lock_file.read_text()
+    edited = edit(original)
+    assert edited != original
+    cpu.lock_file.write_text(edited)
+    return cpu, original
+
+
+def _drop_block(text: str, name: str) -> str:
+    import re
+
+    return re.sub(rf"^{name}==[^\n]*\\\n(?:[^\n]*\\\n)*[^\n]*\n(?:    #[^\n]*\n)*", "", text, count=1, flags=re.M)
+
+
+def _answer(text: str) -> locks.Reference:
+    return lambda requirements, python, platform, lock_text: text
+
+
+def test_hand_edited_sha256_fails_and_names_its_line(stack_tree: Path) -> None:
+    good = "180885b6d7b05a19dc2dd6f722c5ce930f615e81e9e5f79d3ca910ddb9e6859e"
+    cpu, original = _edit_cpu_lock(lambda t: t.replace(good, good[:-1] + "f"))
+    line = next(i for i, ln in enumerate(cpu.lock_file.read_text().splitlines(), 1) if "9e6859f" in ln)
+    with pytest.raises(LockError, match="edited after 'invoke lock' wrote it") as exc:
+        locks.check(cpu)
+    assert isinstance(exc.value, locks.EditedLockError) and "invoke lock --stack cpu" in str(exc.value)
+    with pytest.raises(locks.EditedLockError) as named:
+        locks.check(cpu, reference=_answer(original))
+    assert f"line {line}: accelerate==1.16.0: sha256:{good[:-1]}f is not the hash" in str(named.value)
+    assert named.value.exit_code == LockError.exit_code
+
+
+def test_deleted_package_line_fails_and_names_the_package(stack_tree: Path) -> None:
+    cpu, original = _edit_cpu_lock(lambda t: t.replace("annotated-doc==0.0.7 \\\n", ""))
+    with pytest.raises(LockError) as exc:
+        locks.check(cpu)  # without a reference: the orphaned hash lines still name the place
+    assert "is a sha256 with no package line above it" in str(exc.value)
+    with pytest.raises(locks.EditedLockError) as named:
+        locks.check(cpu, reference=_answer(original))
+    assert "annotated-doc==0.0.7: missing from the lock" in str(named.value)
+
+
+def test_deleted_block_fails_and_names_the_package(stack_tree: Path) -> None:
+    cpu, original = _edit_cpu_lock(lambda t: _drop_block(t, "jinja2"))
+    assert "jinja2" not in locks.locked_versions(cpu)
+    with pytest.raises(LockError, match="do not match its rlstack-lock-digest line"):
+        locks.check(cpu)
+    with pytest.raises(locks.EditedLockError, match=r"jinja2==3\.1\.6: missing from the lock"):
+        locks.check(cpu, reference=_answer(original))
+
+
+def test_edited_version_fails_and_names_its_line(stack_tree: Path) -> None:
+    cpu, original = _edit_cpu_lock(lambda t: t.replace("\nmarkupsafe==3.0.4 \\", "\nmarkupsafe==3.0.3 \\"))
+    line = next(i for i, ln in enumerate(cpu.lock_file.read_text().splitlines(), 1) if ln.startswith("markupsafe=="))
+    with pytest.raises(locks.EditedLockError, match=f"line {line}: markupsafe is 3.0.3, the resolution of the "
+                                                    "stack's inputs gives 3.0.4"):
+        locks.check(cpu, reference=_answer(original))
+
+
+def test_lock_without_digest_is_not_rlstacks(stack_tree: Path) -> None:
+    cpu, _ = _edit_cpu_lock(lambda t: "".join(ln for ln in t.splitlines(True) if "rlstack-lock-digest" not in ln))
+    with pytest.raises(locks.EditedLockError, match="not written by 'rlstack lock', or edited") as exc:
+        locks.check(cpu)
+    assert "invoke lock --stack cpu" in str(exc.value)
+
+
+def test_digest_line_edited_alone(stack_tree: Path) -> None:
+    import re
+
+    cpu, original = _edit_cpu_lock(lambda t: re.sub(r"(?m)^(# rlstack-lock-digest: sha256:)[0-9a-f]{64}$",
+                                                    r"\g<1>" + "0" * 64, t))
+    with pytest.raises(locks.EditedLockError, match="the digest line itself was changed"):
+        locks.check(cpu, reference=_answer(original))
+
+
+def test_layout_and_annotations_do_not_count(stack_tree: Path) -> None:
+    """The digest seals the resolved set, not uv's comments: an edited '# via' line is no edit of the lock."""
+    cpu, _ = _edit_cpu_lock(lambda t: t.replace("    #   trl\n", "    #   trl (and more)\n", 1))
+    locks.check(cpu)
+
+
+def test_binary_lock_is_a_clear_error(stack_tree: Path) -> None:
+    cpu = stacks.load_stack("cpu")
+    cpu.lock_file.write_bytes(b"\x00\x9a\xff" * 50)
+    with pytest.raises(LockError, match="not UTF-8 text|not a lock"):
+        locks.check(cpu)
+    with pytest.raises(LockError, match="invoke lock --stack cpu"):
+        locks.locked_packages(cpu)
+
+
+def test_lock_check_command_names_each_edited_lock(stack_tree: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _, original = _edit_cpu_lock(lambda t: _drop_block(t, "jinja2"))
+    monkeypatch.setattr(resolver, "offline_reference", _answer(original))
+    assert commands.lock(check=True) == LockError.exit_code
+    out = capsys.readouterr()
+    assert "lock EDITED" in out.err and "jinja2==3.1.6: missing from the lock" in out.err
+    assert "lock ok: fp8" in out.out
+
+
+def test_edited_build_backend_hash_is_caught(stack_tree: Path) -> None:
+    path = locks.build_backend_lock_file(stack_tree)
+    text = path.read_text()
+    h = sorted(locks.parse_locked(text)["pluggy"].hashes)[0]
+    path.write_text(text.replace(h, "0" * 64))
+    with pytest.raises(locks.EditedLockError, match="build-backend.lock: edited") as exc:
+        locks.check_build_backend(stack_tree, reference=_answer(text))
+    assert f"pluggy==1.7.0: sha256:{'0' * 64}" in str(exc.value) and "invoke lock" in str(exc.value)
+    assert not locks.build_backend_is_fresh(stack_tree)  # so `invoke lock` rewrites it
+
+
+def test_relock_takes_every_hash_from_the_index(stack_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv keeps a preferred pin's hashes as the preferences give them, so a relock hands uv the pins alone:
+    a hand-edited sha256 cannot survive `invoke lock` and be sealed into a new digest."""
+    seen: list[str] = []
+
+    def run(cmd: list[str], *, cwd: str, **_: object) -> subprocess.CompletedProcess[str]:
+        out = Path(cwd) / cmd[cmd.index("--output-file") + 1]
+        seen.append(out.read_text())
+        out.write_text(original.split("Do not edit.\n", 1)[1].split("\n", 1)[1])  # the body, as uv wrote it
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    cpu, original = _edit_cpu_lock(lambda t: t.replace("180885b6d7b05a19", "000085b6d7b05a19"))
+    monkeypatch.setattr(resolver.runner, "run", run)
+    resolver.write_lock(cpu)
+    assert seen and "--hash" not in seen[-1] and "accelerate==1.16.0\n" in seen[-1]
+    assert cpu.lock_file.read_text() == original
+    locks.check(cpu)
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed")
+def test_real_offline_reference_names_a_deleted_block(stack_tree: Path) -> None:
+    """uv re-resolves the stack's inputs from its cache alone; where the cache holds the lock's packages (any
+    machine that ran ./setup.sh or invoke lock), it reproduces the committed lock and names the deleted block."""
+    cpu = stacks.load_stack("cpu")
+    text = cpu.lock_file.read_text()
+    reference = resolver.offline_reference(locks.resolver_input(cpu), cpu.python, cpu.platform, text)
+    if reference is None:
+        pytest.skip("uv's cache cannot resolve the cpu stack offline here")
+    assert locks.describe_edits(text, reference) == []
+    cpu.lock_file.write_text(_drop_block(text, "jinja2"))
+    with pytest.raises(locks.EditedLockError, match=r"jinja2==3\.1\.6: missing from the lock"):
+        locks.check(cpu, reference=resolver.offline_reference)

@@ -1,4 +1,4 @@
-"""bench/native_probe.sh stash: carrying parts to the device machine one call at a time, a machine released in
+"""bench/transport/native_probe.sh stash: carrying parts to the device machine one call at a time, a machine released in
 between (idle past 30 s) starts empty; the stash line names the parts that are missing, so they are carried again
 instead of failing the install minutes later."""
 
@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "native_probe.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "transport" / "native_probe.sh"
 
 
 def _stash(work: Path, stash: Path) -> str:

@@ -38,25 +38,36 @@ def run_tests(*, docker: bool = True, gpu: bool = False, keyword: str = "", fast
     return 0 if rc == 5 else rc
 
 
-BENCH_SCRIPTS = {"rollout": "bench/rollout_generation.py", "grpo": "bench/grpo_step.py",
-                 "eval": "bench/eval_throughput.py", "e2e": "bench/payload_e2e.py"}
+# Every benchmark the docs quote: bench/<name>.py, and what it measures (`invoke bench --help` lists them; each
+# writes bench/results/*.json through rlstack.core.results, and `invoke docs` renders docs/performance.md).
+BENCHMARKS: dict[str, str] = {
+    "rollout_peers": "rollout engines side by side, tokens/s (subcommands prepare, run --stack S, merge DIR)",
+    "rollout_generation": "GRPO rollout tokens/s: TRL's default generate against fastgen",
+    "grpo_step": "one GRPO step, its time split into generation, scoring and the loss",
+    "payload_e2e": "rlstack train and rlstack eval end to end, generate against fastgen",
+    "gpu_stacks": "per stack: rlstack train, then rlstack eval (subcommands model, train, eval, summarize)",
+    "learning": "what training changed: rlstack train, then base and adapter evaluated and compared, paired",
+    "eval_throughput": "greedy evaluation decoding at several batch sizes",
+    "fastgen_fidelity": "fastgen against transformers' generate: greedy agreement, sampled KL",
+    "fastgen_profile": "fastgen's decode step split into parts, ms per step",
+    "attention_sweep": "fastgen's split-KV decode attention over launch shapes",
+    "probe_fp8": "invoke probe-fp8, cold and warm, no GPU",
+    "probe_mutation": "mutation testing of the probes' discovery: can each check fail?",
+    "image_build": "image builds from an empty builder cache, and rebuilds",
+}
 
 
-def bench(*, only: str | None = None, smoke: bool = False, args: str = "") -> int:
-    """Each benchmark script in its own process (they load models and CUDA); the first failure's exit code."""
+def bench(name: str, *, smoke: bool = False, args: str = "") -> int:
+    """One benchmark script in its own process (they load models and CUDA), with this Python; its exit code."""
     import os
     import shlex
 
     from rlstack.core.errors import RlstackError
     from rlstack.core.paths import project_root
 
-    names = [n for n in (only.split(",") if only else BENCH_SCRIPTS) if n]
-    unknown = sorted(set(names) - set(BENCH_SCRIPTS))
-    if unknown:
-        raise RlstackError(f"unknown benchmark(s) {', '.join(unknown)}", f"choose from {', '.join(BENCH_SCRIPTS)}")
+    key = name.replace("-", "_")
+    if key not in BENCHMARKS:
+        raise RlstackError(f"unknown benchmark {name!r}", f"choose one of: {', '.join(BENCHMARKS)}")
     env = {"RLSTACK_BENCH_SMOKE": "1" if smoke else os.environ.get("RLSTACK_BENCH_SMOKE", "0")}
-    rc = 0
-    for name in names:
-        script = str(project_root() / BENCH_SCRIPTS[name])
-        rc = rc or runner.run([sys.executable, script, *shlex.split(args)], env=env, check=False).returncode
-    return rc
+    script = str(project_root() / "bench" / f"{key}.py")
+    return runner.run([sys.executable, script, *shlex.split(args)], env=env, check=False).returncode

@@ -106,12 +106,23 @@ def build_args(stack: Stack, base_image: str, *, git_rev: str = "unknown", creat
         "TORCH_CUDA": stack.torch.cuda or "none",
         "GPU_ARCHS": ",".join(stack.gpu_archs),
         "NVIDIA_VISIBLE_DEVICES": "all" if stack.gpu_required else "void",
+        **toolkit_args(stack),
         "LOCK_HASH": locks.lock_hash(stack),
         "KEY_PACKAGES": " ".join(f"{k}=={v}" for k, v in keys.items()),
         "GIT_REV": git_rev,
         "CREATED": created,
         "SOURCE": SOURCE_URL,
     }
+
+
+def toolkit_args(stack: Stack) -> dict[str, str]:
+    """The CUDA toolkit folder's ARGs (images/Dockerfile, rlstack.scripts.cuda_toolkit); empty for a stack
+    without one, which then gets neither the folder nor a host compiler."""
+    tk = stack.cuda_toolkit
+    if tk is None:
+        return {"CUDA_TOOLKIT_PACKAGE": "", "CUDA_TOOLKIT_VERSION": "", "CUDA_HOME": "", "HOST_COMPILER": ""}
+    return {"CUDA_TOOLKIT_PACKAGE": tk.package, "CUDA_TOOLKIT_VERSION": tk.version, "CUDA_HOME": tk.home,
+            "HOST_COMPILER": "g++"}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def matrix_runtime_rows(reports: list[ProbeReport]) -> list[RuntimeRow]:
     report's stack, with whether the row's lock is still the stack's lock (the report's). An unreadable
     matrix gives no rows: this is a summary, the matrix has its own checks."""
     from rlstack.matrix import store
-    from rlstack.matrix.render import env_label
+    from rlstack.matrix.render import decided_label
     from rlstack.matrix.schema import MatrixError
     from rlstack.probes import signatures
 
@@ -50,7 +50,7 @@ def matrix_runtime_rows(reports: list[ProbeReport]) -> list[RuntimeRow]:
             old = {p.wall for p in failed if p.wall and (sig := signatures.by_id(p.wall)) and sig.superseded(row.date)}
             out.append(RuntimeRow(
                 stack=row.stack, gpu_arch=row.gpu_arch, date=row.date, lock_hash=row.lock_hash,
-                lock_current=row.lock_hash == rep.lock_hash, env=env_label(row),
+                lock_current=row.lock_hash == rep.lock_hash, env=decided_label(row),
                 runtime={p.id.removeprefix("runtime:"): p.status for p in probes},
                 walls=sorted({p.wall for p in failed if p.wall}), superseded=sorted(old),
                 blocking=any(p.wall not in old for p in failed)))

@@ -9,12 +9,15 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import write_atomic
+
+if TYPE_CHECKING:
+    from rlstack.probes.model import ProbeReport
 
 Layers = Annotated[str | None, typer.Option(help="comma-separated layers: resolve,contract,toolchain,runtime "
                                                  "(default: all)")]
@@ -26,6 +29,76 @@ Suggest = Annotated[bool, typer.Option(help="find the closest combination of ver
                                             "by uv")]
 DiscoveredOnly = Annotated[bool, typer.Option(help="contract layer from discovery alone: no case data from "
                                                    "contracts.yaml (what the wheels' sources show by themselves)")]
+
+
+class ProbeReportError(RlstackError):
+    """A file given as a probe report (`invoke matrix --results`) that is not one: missing, a directory, binary,
+    not JSON, or JSON that is not a report. Exit 7, the code `invoke matrix` gives its other input errors."""
+
+    exit_code = 7
+
+
+REPORT_HINT = "give the JSON file that 'rlstack probe --stack S -o FILE' (or 'invoke probe-fp8 -o DIR') wrote"
+# git's test for a binary file: a NUL byte in its first 8000 bytes. Logs and JSON never hold one.
+BINARY_PROBE_BYTES = 8000
+
+
+def read_user_text(path: Path, what: str, error: type[RlstackError] = RlstackError, *, hint: str | None = None,
+                   strict: bool = True) -> str:
+    """The text of a file a user named as `what`, or `error` saying why it is not one: missing, a directory,
+    unreadable, binary (a NUL byte, or with `strict` bytes that are not UTF-8). A log is read with `strict`
+    off: a stray invalid byte in a log is replaced, not refused."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}", hint) from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}", hint) from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}", hint) from None
+    nul = data.find(b"\0", 0, BINARY_PROBE_BYTES)
+    if nul >= 0:
+        raise error(f"{path}: a binary file, not a {what} (a NUL byte at offset {nul})", hint)
+    try:
+        text = data.decode("utf-8", errors="strict" if strict else "replace")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a {what}: byte {exc.start} is not UTF-8 text", hint) from None
+    if not strict and looks_binary(text):
+        raise error(f"{path}: a binary file, not a {what} (over a tenth of it is not UTF-8 text)", hint)
+    return text
+
+
+def looks_binary(text: str) -> bool:
+    """Decoded with errors='replace', text that holds a NUL or is more than a tenth replacement characters:
+    a log with a few stray bytes stays a log; random bytes (about half invalid UTF-8) do not."""
+    head = text[:BINARY_PROBE_BYTES]
+    return "\0" in head or (bool(head) and head.count("\ufffd") * 10 > len(head))
+
+
+def read_report_file(path: Path) -> ProbeReport:
+    """The ProbeReport in a file a user gave, or ProbeReportError naming the file and the first field that is
+    wrong (where a raw pydantic error would list every field with its internals)."""
+    from pydantic import ValidationError
+
+    from rlstack.probes.model import ProbeReport
+
+    text = read_user_text(path, "probe report", ProbeReportError, hint=REPORT_HINT)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProbeReportError(f"{path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}",
+                               REPORT_HINT) from None
+    except RecursionError:
+        raise ProbeReportError(f"{path}: not a probe report: JSON nested too deeply", REPORT_HINT) from None
+    try:
+        return ProbeReport.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        field = ".".join(str(x) for x in first["loc"]) or "(the whole file)"
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise ProbeReportError(f"{path}: not a probe report: field '{field}': {first['msg']}{more}",
+                               REPORT_HINT) from None
 
 
 def split_csv(spec: str | None) -> list[str] | None:
@@ -74,6 +147,7 @@ def probe(
     records the environment it ran in and how it departs from the lock."""
     from rlstack.probes import suite
 
+    refuse_edited_lock(stack)
     r = suite.run(stack, layers=split_csv(layer), gpu_arch=gpu_arch, with_stacks=split_csv(with_stack) or [],
                   fresh=fresh, runtime_only=split_csv(runtime_probes), discovered_only=discovered_only)
     if suggest and json_:
@@ -86,6 +160,17 @@ def probe(
     if suggest:
         rc = max(rc, run_suggest(stack, gpu_arch or "sm_120")[0])
     return rc
+
+
+def refuse_edited_lock(stack_name: str) -> None:
+    """Raise EditedLockError when the stack's lock is not as `invoke lock` wrote it: every layer reads its pins
+    and hashes (the runtime layer compares what is installed against it), so no layer runs on an edited one."""
+    from rlstack.probes import resolve
+    from rlstack.stacks import load_stack, locks
+
+    failed = resolve.edited_lock(load_stack(stack_name))
+    if failed is not None:
+        raise locks.EditedLockError(failed.evidence[0].text, failed.fix)
 
 
 def _report(r: Any, question: str | None, *, json_: bool, output: Path | None) -> int:
@@ -113,10 +198,14 @@ def diagnose(
     matches."""
     from rlstack.probes import signatures
 
-    try:
-        text = sys.stdin.read() if log == "-" else Path(log).read_text(errors="replace")
-    except FileNotFoundError:
-        raise RlstackError(f"{log}: no such log file") from None
+    hint = "give a text log file, or - to read standard input"
+    if log == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        text = stream.read().decode("utf-8", errors="replace") if stream is not None else sys.stdin.read()
+        if looks_binary(text):
+            raise RlstackError("standard input is binary, not a log", hint)
+    else:
+        text = read_user_text(Path(log), "log file", hint=hint, strict=False)
     hits = signatures.diagnose(text)
     if json_:
         print(json.dumps([{"wall": h.signature.id, "line": h.line, "excerpt": h.excerpt, "title": h.signature.title,

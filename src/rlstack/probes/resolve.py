@@ -55,9 +55,29 @@ def lock_is_fresh(stack: Stack) -> bool:
     return locks.read_header(stack.lock_file.read_text()).get("inputs") == locks.inputs_hash(stack)
 
 
+def edited_lock(stack: Stack) -> ProbeResult | None:
+    """A failing resolve result when the stack's lock is not the set `invoke lock` sealed (a hand edit names its
+    line: the inputs are re-resolved offline from uv's cache), else None. An edited lock is no answer to
+    whether the pins resolve, and every other layer reads its pins and hashes."""
+    if not stack.lock_file.is_file():
+        return None
+    try:
+        locks.check_digest(stack, reference=resolver.offline_reference)
+    except locks.EditedLockError as exc:
+        return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="fail",
+                           reason=f"stack '{stack.name}': its lock was edited by hand, so nothing read from it is "
+                                  "the resolver's answer", fix=exc.hint,
+                           evidence=[Evidence(text=exc.message[:3000],
+                                              file=str(stack.lock_file.relative_to(stack.folder.parent.parent)))])
+    return None
+
+
 def probe_stack(stack: Stack, *, fresh: bool = False) -> ProbeResult:
     """Do the stack's pins resolve? A lock made from exactly these inputs is uv's own answer (yes, and which
-    versions), so it is read instead of asking again; `fresh` or a stale lock asks uv."""
+    versions), so it is read instead of asking again, once its digest shows it is as `invoke lock` wrote it;
+    `fresh` or a stale lock asks uv."""
+    if (edited := edited_lock(stack)) is not None:
+        return edited
     if not fresh and lock_is_fresh(stack):
         n = len(locks.locked_versions(stack))
         return ProbeResult(id=f"resolve:{stack.name}", layer="resolve", status="pass",

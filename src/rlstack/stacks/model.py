@@ -42,6 +42,12 @@ class ToolkitSpec(_Strict):
 
     version: Version
     package: str = Field(pattern=r"^nvidia-cuda-nvcc(-cu\d+)?$")
+    components: dict[str, Version] = Field(
+        default_factory=dict, description="other toolkit wheels the JIT compilers need and no locked library "
+        "brings (e.g. nvidia-cuda-cccl: CCCL's headers, which FlashInfer's kernels include); pinned like nvcc")
+    home: str = Field(default="/opt/cuda", pattern=r"^/[^\s]+$",
+                      description="CUDA_HOME in the image: the toolkit folder rlstack.scripts.cuda_toolkit "
+                      "assembles from these wheels")
 
 
 class Stack(_Strict):
@@ -104,6 +110,7 @@ class Stack(_Strict):
         pins = [f"torch=={self.torch.version}"]
         if self.cuda_toolkit:
             pins.append(f"{self.cuda_toolkit.package}=={self.cuda_toolkit.version}")
+            pins += [f"{name}=={version}" for name, version in sorted(self.cuda_toolkit.components.items())]
         return pins
 
     @property
@@ -154,7 +161,8 @@ def load_stack_file(path: Path) -> Stack:
         )
     if not stack.requirements_in.is_file():
         raise StackFileError(f"{stack.requirements_in}: missing", "each stack folder needs a requirements.in")
-    owned = {normalize(p) for p in ("torch", *([stack.cuda_toolkit.package] if stack.cuda_toolkit else []))}
+    toolkit = [stack.cuda_toolkit.package, *stack.cuda_toolkit.components] if stack.cuda_toolkit else []
+    owned = {normalize(p) for p in ("torch", *toolkit)}
     for line in stack.top_level:
         try:
             pkg = requirement_name(line)

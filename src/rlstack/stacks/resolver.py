@@ -3,8 +3,15 @@ is parsed and when it is stale are rlstack.stacks.locks'; this module runs uv an
 the stack model, not on the host side, because the static probes resolve too (`resolve`, `--suggest`): uv is a
 process on this machine, not Docker (docs/decisions/0001-layers.md).
 
-Relocking changes only what must change: the committed lock is handed to uv as its preferred pins, so a pin
-that still satisfies the new inputs stays (with its hashes), and only what the change forces moves.
+Relocking changes only what must change: the committed lock's pins (name==version, without its hashes) are
+handed to uv as its preferred pins, so a pin that still satisfies the new inputs stays, and only what the
+change forces moves. The hashes are left out because uv keeps a preferred pin's hashes as it finds them: a
+sha256 edited by hand would survive a relock and be sealed into the new digest. Without them every sha256
+comes from the index.
+
+Every lock written here carries the digest of its resolved set (rlstack.stacks.locks.digest_line), and
+`offline_reference` re-resolves a lock's inputs from uv's cache alone, which is how `invoke lock --check`
+and the resolve probe name the line of a hand edit.
 """
 
 from __future__ import annotations
@@ -45,13 +52,14 @@ def uv_env() -> dict[str, str]:
 
 
 def resolve(requirements: list[str], python: str, platform: str | None, *, hashes: bool = True,
-            preferences: str | None = None) -> Resolution:
+            preferences: str | None = None, offline: bool = False) -> Resolution:
     """Resolve `requirements` for (python, platform) without installing anything.
 
     platform None resolves for every platform (uv --universal; `python` is then the lowest Python). With
     `preferences` (the text of an existing lock) uv starts from those pins: it reads its --output-file as
-    preferred versions before writing it, and keeps each one, with its hashes, while it still satisfies the
-    requirements. Without them it picks the newest versions that fit."""
+    preferred versions before writing it, and keeps each one while it still satisfies the requirements (with
+    the hashes the file gives it, if any: hand it locks.pins_only to have the index's). Without them it picks
+    the newest versions that fit. `offline` answers from uv's cache alone."""
     with tempfile.TemporaryDirectory(prefix="rlstack-lock-") as tmp:
         req = Path(tmp) / "requirements.in"
         req.write_text("\n".join(requirements) + "\n")
@@ -65,16 +73,40 @@ def resolve(requirements: list[str], python: str, platform: str | None, *, hashe
         ]
         if hashes:
             cmd.append("--generate-hashes")
+        if offline:
+            cmd.append("--offline")
         proc = runner.run(cmd, capture=True, check=False, env=uv_env(), cwd=tmp)
         if proc.returncode != 0:
             return Resolution(False, explain_failure(proc.stderr), cmd)
         return Resolution(True, out.read_text(), cmd)
 
 
+def offline_reference(requirements: list[str], python: str, platform: str | None, text: str) -> str | None:
+    """The lock uv writes for these inputs from its cache alone (--offline), starting from `text`'s pins
+    without their hashes; None when uv is missing or its cache cannot answer (the caller then says the lock
+    was edited without naming the line). Offline, because a check must not depend on the network, and
+    because a version the cache lacks then shows up as a difference rather than being fetched."""
+    if shutil.which("uv") is None:
+        return None
+    res = resolve(requirements, python, platform, preferences=locks.pins_only(text), offline=True)
+    return res.text if res.ok else None
+
+
 def explain_failure(stderr: str) -> str:
     """Keep the resolver's own explanation; drop uv's progress noise."""
     lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("Resolved", "Using"))]
     return "\n".join(lines).strip() or "the resolver failed without an explanation"
+
+
+def _preferences(path: Path, upgrade: bool) -> str | None:
+    """The committed lock's pins without hashes (see the module's docstring), or None to resolve afresh. A file
+    that is no text (binary garbage) has no pins to keep."""
+    if upgrade or not path.is_file():
+        return None
+    try:
+        return locks.pins_only(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return None
 
 
 def write_lock(stack: Stack, *, upgrade: bool = False) -> Path:
@@ -85,7 +117,7 @@ def write_lock(stack: Stack, *, upgrade: bool = False) -> Path:
     checks it with every stack, so `invoke lock` must be able to fix it."""
     if not locks.build_backend_is_fresh(stack.folder.parent.parent):
         write_build_backend_lock(stack.folder.parent.parent)
-    current = stack.lock_file.read_text() if stack.lock_file.is_file() and not upgrade else None
+    current = _preferences(stack.lock_file, upgrade)
     res = resolve(locks.resolver_input(stack), stack.python, stack.platform, preferences=current)
     if not res.ok:
         raise LockError(
@@ -96,6 +128,7 @@ def write_lock(stack: Stack, *, upgrade: bool = False) -> Path:
         f"# rlstack-lock: stack={stack.name} inputs={locks.inputs_hash(stack)} python={stack.python} "
         f"platform={stack.platform}\n"
         f"# Generated by 'invoke lock --stack {stack.name}' from stack.toml + requirements.in. Do not edit.\n"
+        + locks.digest_line(res.text)
     )
     write_atomic(stack.lock_file, header + res.text)
     locks.check_lock_consistency(stack)
@@ -107,7 +140,7 @@ def write_build_backend_lock(root: Path | None = None, *, upgrade: bool = False)
     committed pins that still fit, as write_lock does."""
     path = locks.build_backend_lock_file(root)
     python = locks.build_backend_python(root)
-    current = path.read_text() if path.is_file() and not upgrade else None
+    current = _preferences(path, upgrade)
     res = resolve(locks.build_requirements(root), python, None, preferences=current)
     if not res.ok:
         raise LockError(f"pyproject.toml's [build-system] requires do not resolve for Python >= {python}:\n{res.text}",
@@ -117,6 +150,7 @@ def write_build_backend_lock(root: Path | None = None, *, upgrade: bool = False)
         "platform=universal\n"
         "# Generated by 'invoke lock' from pyproject.toml's [build-system] requires. Do not edit.\n"
         "# images/Dockerfile installs it with --require-hashes to build rlstack's wheel (no build isolation).\n"
+        + locks.digest_line(res.text)
     )
     write_atomic(path, header + res.text)
     locks.check_build_backend(root)

@@ -14,7 +14,7 @@ The commands live by what they do, and this package re-exports every one (`comma
     incontainer  eval, adapters, shell, runs (and the helpers train shares)
     onhost       smoke, native-stage, matrix: no container
     ci           the workflows' jobs (ci.jobs, ci.probe-job, ci.merge-probes, ci.free-disk)
-    dev          test, lint, typecheck, bench
+    dev          test, bench, lint, typecheck
 
 `TASKS`, here, says which task goes where: user tasks at invoke's root, CI's and development's in their
 namespaces. `docs` is here too, beside the README sections it renders (the task table reads `TASKS`), so that
@@ -48,18 +48,21 @@ __all__ = ["TASKS", "adapters", "bench", "build", "check_image", "ci_free_disk",
            "train", "typecheck"]
 
 
-def docs(check: Annotated[bool, typer.Option(help="fail when a generated README section is out of date, write "
-                                                  "nothing")] = False) -> int:
-    """Regenerate the README sections derived from data (the stacks table, the task table, the compat matrix)."""
+def docs(check: Annotated[bool, typer.Option(help="fail when a generated README section or page is out of date, "
+                                                  "write nothing")] = False) -> int:
+    """Regenerate what is derived from data: the README's stacks, results, task and matrix tables, and
+    docs/performance.md from bench/results."""
     from rlstack.host import docs as readme
 
     if check:
-        stale = readme.stale_sections(readme_sections())
+        stale = readme.stale_sections(readme_sections()) + readme.stale_pages()
         if stale:
-            raise RlstackError(f"README sections out of date: {', '.join(stale)}", "run: invoke docs")
-        print("README sections are current")
+            raise RlstackError(f"out of date: {', '.join(stale)}", "run: invoke docs")
+        print("README sections and docs pages are current")
         return 0
     print(f"wrote {readme.render_readme(readme_sections())}")
+    for page in readme.write_pages():
+        print(f"wrote {page}")
     return 0
 
 
@@ -70,9 +73,9 @@ def docs(check: Annotated[bool, typer.Option(help="fail when a generated README 
 # also run natively on the host are their own functions (one declaration).
 TASKS: dict[str, list[Callable[..., Any]]] = {
     "": [stacks, settings, lock, docs, build, train, eval_, shell, adapters, runs, payload.compare, smoke,
-         probes.probe, fp8.probe_fp8, probes.diagnose, native_stage, matrix, test],
+         probes.probe, fp8.probe_fp8, probes.diagnose, native_stage, matrix, test, bench],
     "ci": [ci_jobs, probe_job, ci_merge_probes, ci_free_disk, check_image, image_size, push],
-    "dev": [lint, typecheck, bench],
+    "dev": [lint, typecheck],
 }
 
 

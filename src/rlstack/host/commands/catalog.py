@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlstack.core.errors import StaleLockError
+from rlstack.core.errors import LockError, StaleLockError
 from rlstack.core.tables import text_table
 from rlstack.host.commands.aliases import StackList
 from rlstack.payload import commands as payload
@@ -66,8 +66,9 @@ def settings(
 
 def lock(
     stack: StackList = None,
-    check: Annotated[bool, typer.Option(help="resolve nothing: fail when a lock is stale against "
-                                             "stack.toml/requirements.in")] = False,
+    check: Annotated[bool, typer.Option(help="write nothing: fail when a lock is stale against "
+                                             "stack.toml/requirements.in, or its pins and hashes were edited "
+                                             "(named by re-resolving offline from uv's cache)")] = False,
 ) -> int:
     """Resolve each stack with uv for its platform into images/<stack>/requirements.lock, with hashes."""
     from rlstack import stacks as stack_files
@@ -75,17 +76,19 @@ def lock(
 
     names = stack_files.resolve_names(stack)
     if check:
-        stale = []
+        bad: dict[str, LockError] = {}
         for name in names:
             try:
-                locks.check(stack_files.load_stack(name))
+                locks.check(stack_files.load_stack(name), reference=resolver.offline_reference)
                 print(f"lock ok: {name}")
-            except StaleLockError as exc:
-                print(f"lock STALE: {exc}", file=sys.stderr)
-                stale.append(name)
-        if stale:
-            print(f"{len(stale)} stale lock(s): {', '.join(stale)}", file=sys.stderr)
-            return StaleLockError.exit_code
+            except LockError as exc:
+                word = "STALE" if isinstance(exc, StaleLockError) else \
+                    "EDITED" if isinstance(exc, locks.EditedLockError) else "WRONG"
+                print(f"lock {word}: {exc}", file=sys.stderr)
+                bad[name] = exc
+        if bad:
+            print(f"{len(bad)} lock(s) to rewrite: {', '.join(bad)}", file=sys.stderr)
+            return max(exc.exit_code for exc in bad.values())
         return 0
     for name in names:
         print(f"wrote {resolver.write_lock(stack_files.load_stack(name))}")

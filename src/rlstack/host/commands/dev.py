@@ -1,5 +1,5 @@
-"""The project's own development: `invoke test` and, under `invoke dev.`, lint, typecheck and the GPU
-benchmarks (rlstack.host.devtools)."""
+"""The project's own development: `invoke test` and `invoke bench NAME` and, under `invoke dev.`, lint and
+typecheck (rlstack.host.devtools)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,24 @@ from typing import Annotated
 import typer
 
 
+def _benchmarks() -> str:
+    from rlstack.host.devtools import BENCHMARKS
+
+    return "; ".join(f"{name}: {what}" for name, what in BENCHMARKS.items())
+
+
 def bench(
-    only: Annotated[str | None, typer.Option(help="comma-separated subset of: rollout, grpo, eval, e2e (default: "
-                                                  "all)")] = None,
-    smoke: Annotated[bool, typer.Option(help="tiny model on the CPU to check the scripts (results go to "
+    name: Annotated[str, typer.Argument(help=f"the benchmark, one of: {_benchmarks()}")],
+    smoke: Annotated[bool, typer.Option(help="tiny model on the CPU to check the script (results go to "
                                              "/tmp)")] = False,
-    args: Annotated[str, typer.Option(help="extra arguments passed to every script, e.g. '--completion 64'")] = "",
+    args: Annotated[str, typer.Option(help="arguments for the script, e.g. '--batches 8' (its own --help: "
+                                           "--args --help)")] = "",
 ) -> int:
-    """Run the GPU benchmarks (rollout tokens/s, GRPO step, eval throughput, the payload end to end); each
-    writes bench/results/*.json + .md."""
+    """Run one benchmark with this Python (natively, or inside a stack's container); it writes
+    bench/results/NAME.json, and `invoke docs` renders docs/performance.md from it."""
     from rlstack.host import devtools
 
-    return devtools.bench(only=only, smoke=smoke, args=args)
+    return devtools.bench(name, smoke=smoke, args=args)
 
 
 def test(

@@ -89,9 +89,16 @@ def matrix(
     docs/compat_matrix.html. A missing or empty matrix is refused unless --init."""
     from rlstack.host.docs import publish_matrix
     from rlstack.matrix import store
+    from rlstack.matrix.schema import MatrixError
+    from rlstack.probes.commands import read_report_file, read_user_text
 
     files = [Path(f) for spec in results or [] for f in spec.split(",") if f]
     path = Path(file) if file else store.matrix_path()
+    for f in files:  # each named file is a readable probe report before anything merges (else: which field)
+        read_report_file(f)
+    if path.exists():  # a matrix that is no text file is refused by name, not with a decoding traceback
+        read_user_text(path, "matrix file (YAML)", MatrixError, hint="give compat_matrix.yaml, or restore it: "
+                       "git checkout -- compat_matrix.yaml")
     if check:
         m = store.load(path, init=init)
         print(f"{path}: {len(m.rows)} rows, schema ok")

@@ -2,7 +2,7 @@
 
 fastgen's fused, compiled kernels round bf16 differently from transformers' eager ones, so on a real model greedy
 tokens flip where two candidates' logits are within rounding of each other, and the rows differ from there on (so do
-transformers' own compiled static-cache path's: bench/results/fastgen_fidelity.md). Counting equal positions
+transformers' own compiled static-cache path's: docs/performance.md). Counting equal positions
 therefore says little about whether the engine computes the same function; the logit gap at each row's first
 divergence does: both decodes saw the same prefix there, and a gap of a rounding's size is a tie, a large one a real
 difference. The fidelity bench and the GPU tests use this one definition.

@@ -18,7 +18,7 @@ def release(model: Any) -> None:
 
     Why a collection first: the engine sits in reference cycles (its compiled step and its draw's closures refer
     back to it), so dropping it freed nothing until Python's cyclic collector happened to run: a second engine in
-    one process then peaked with the first's shadow and caches still allocated (bench/notes.md; hook.uninstall
+    one process then peaked with the first's shadow and caches still allocated (docs/archive/notes.md; hook.uninstall
     releases through here for that reason)."""
     if vars(model).pop(ENGINE_ATTR, None) is not None:
         import gc

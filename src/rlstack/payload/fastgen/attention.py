@@ -18,7 +18,8 @@ def gqa_decode_attention(module: Any, query: Any, key: Any, value: Any, attentio
     and attends through grouped matmuls that read each KV head once (transformers' sdpa path with a padding mask
     first materializes K/V repeated to every query head, ~4x the cache's bytes written and read again per step);
     with ``fastgen_slot`` (decode_attention="triton") through fastgen.split_attention instead, which reads the
-    slots up to that one only. torch's flex_attention in their place was measured and retired (bench/notes.md)."""
+    slots up to that one only. torch's flex_attention in their place was measured and retired
+    (docs/decisions/0005-fastgen-defaults.md)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

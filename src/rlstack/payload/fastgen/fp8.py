@@ -1,8 +1,8 @@
 """FP8 projections in fastgen's shadow (``FastGenerator(fp8="row")``): rollouts in FP8 without vLLM.
 
 Why: a decode step reads every weight once, so its GEMMs are bound by the memory bandwidth (and take most of the
-step: bench/results/fastgen_profile.md), and FP8 weights are half the bytes of bf16 ones. vLLM serves the same model
-this way (``quantization="fp8"``, faster than its bf16: bench/results/rollout_peers.md); Unsloth's FP8 RL reaches it
+step: docs/performance.md), and FP8 weights are half the bytes of bf16 ones. vLLM serves the same model
+this way (``quantization="fp8"``, faster than its bf16: docs/performance.md); Unsloth's FP8 RL reaches it
 only through vLLM, and on Blackwell through flashinfer kernels that need a CUDA 12.9 toolkit (the report in
 shared/background). This is torch's own ``_scaled_mm`` (cuBLASLt per tensor, CUTLASS row-wise): no toolkit, no vLLM.
 
@@ -15,7 +15,7 @@ aten/src/ATen/native/cuda/RowwiseScaledMM.cu of torch's main branch, read, not r
 row, not the whole tensor; "tensor", one scale per tensor, as vLLM's online ``quantization="fp8"`` (a fused group,
 fastgen.fused, then shares one scale for its buffer, as vLLM's fused q/k/v does). Off CUDA the product is computed
 from the dequantized e4m3 values in float32 (the same numbers; oneDNN's ``_scaled_mm`` has no fast path on a CPU
-without FP8 units, too slow for the CPU benches to run it: bench/notes.md); a test pins that the two agree for
+without FP8 units, too slow for the CPU benches to run it: docs/archive/notes.md); a test pins that the two agree for
 per-tensor scales, the only ones ``_scaled_mm`` takes on the CPU, and another that the CUDA branch passes torch's
 own checks of its arguments (fake CUDA tensors).
 

@@ -2,7 +2,7 @@
 
 Why: at 8 sequences a decode step's GEMMs are skinny (8 rows), and the small ones (k_proj, v_proj) run far
 below the memory bandwidth, so one q+k+v GEMM reading the same bytes takes less time than the three
-(bench/fastgen_profile.py's per-GEMM times: bench/notes.md). vLLM serves these layers fused the same way (its
+(bench/fastgen_profile.py's per-GEMM times: docs/archive/notes.md). vLLM serves these layers fused the same way (its
 QKVParallelLinear, MergedColumnParallelLinear). Fused, the step also runs 108 fewer kernels, which leaves less
 time in between; the A/B of the whole step is bench/results/fastgen_profile.json. It is fastgen's default.
 

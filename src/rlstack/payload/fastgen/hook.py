@@ -76,7 +76,7 @@ def uninstall(model: Any) -> None:
 
     Through release(), not by dropping the attribute: the engine sits in reference cycles, and dropped here it
     stayed allocated until the cyclic collector ran, while a release() after this found no engine to collect
-    (bench/rollout_peers.py's second variant then peaked with the first's memory still held: bench/notes.md)."""
+    (bench/rollout_peers.py's second variant then peaked with the first's memory still held: docs/archive/notes.md)."""
     if not installed(model):
         return
     del model.__dict__["generate"]

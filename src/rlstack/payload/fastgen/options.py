@@ -8,7 +8,7 @@ where they are made (a recipe at load, ``FastgenOptions.of`` for keyword callers
 is rendered from the same declarations (``options_table``).
 
 Options marked experimental were built and tested on the CPU (and some on a GPU) but not measured to gain, so they
-stay off until a measurement makes one a default (bench/notes.md keeps what was measured and what is planned).
+stay off until a measurement makes one a default (docs/archive/notes.md keeps what was measured and what is planned).
 
 Importing this module imports pydantic, not torch: a recipe validates its fastgen section on any machine.
 """
@@ -326,7 +326,7 @@ def auto_attention(device_type: str, own_attention: bool, attend_bucket: int, tr
     the filled slots itself) and Triton imports (``triton_why`` is None); else the grouped matmuls.
 
     Why triton on CUDA: it reads only the filled slots, at every step of one graph, and measured faster at 64
-    sequences and even at 8 (bench/results/rollout_peers_triton.md). Never on the CPU, where the kernel only runs
+    sequences and even at 8 (docs/decisions/0005-fastgen-defaults.md). Never on the CPU, where the kernel only runs
     in Triton's interpreter (tests)."""
     if device_type == "cuda" and own_attention and attend_bucket == 0 and triton_why is None:
         return "triton"
@@ -338,7 +338,7 @@ def auto_draw(device_type: str, reference_kernels: bool, triton_why: str | None)
     None), unless reference_kernels (which promises transformers' kernels) is on; else torch.
 
     Why the kernels on CUDA: measured faster through portable's default path at 8 and 64 sequences, in one
-    process in both orders, their draw exact against transformers' top-k (bench/results/rollout_peers_pair_h100.md).
+    process in both orders, their draw exact against transformers' top-k (docs/decisions/0005-fastgen-defaults.md).
     The samplings the kernels do not draw (top-p, min-p, no top-k) fall to torch at each call (``draw_why``)."""
     if device_type == "cuda" and triton_why is None and not reference_kernels:
         return "triton"
@@ -353,9 +353,8 @@ def auto_rotary(device_type: str, decode_attention: str, shared_prompt: bool, fa
     cannot serve turns it off there, saying why).
 
     Why on CUDA: two kernels a layer fewer around the attention, measured faster at 8 and 64 sequences through
-    portable's default path in both orders (bench/results/rollout_peers_rotary_h100.md,
-    bench/results/rollout_peers_swapped_h100.md); eager's roundings are kept, so the cache holds the key
-    transformers' update would write (GPU test)."""
+    portable's default path in both orders (docs/decisions/0005-fastgen-defaults.md); eager's roundings are
+    kept, so the cache holds the key transformers' update would write (GPU test)."""
     if device_type != "cuda":
         return "off CUDA"
     if decode_attention != "triton":

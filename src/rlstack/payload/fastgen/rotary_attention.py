@@ -4,8 +4,9 @@ Why: transformers' attention module normalizes the query and key heads (Qwen3's 
 embedding and writes the key and value into the cache (``past_key_values.update``) before it calls the attention
 function: compiled, two inductor kernels a layer around fastgen's triton attention (q's norm and rotary; k's norm,
 rotary and the cache write), each reading and writing what the attention then reads again (their share of a step:
-the profile's top kernels in bench/notes.md). The split attention kernel reads the query and the cache anyway, so it
-can do that work itself (``split_attention.Prologue``): each program normalizes and rotates its own query heads, and
+the profile's top kernels in docs/archive/notes.md). The split attention kernel reads the query and the cache
+anyway, so it can do that work itself (``split_attention.Prologue``): each program normalizes and rotates its own
+query heads, and
 the program whose split holds this step's slot does the key, writes key and value into the cache and attends to them
 from registers. That needs the module's forward to hand the kernel the projections' raw outputs, so for a decode
 step (one query token, the triton attention's slot among its keywords) the forward here replaces transformers'; the

@@ -3,7 +3,7 @@
 Why: the matmul decode attention (grouped matmuls, ``engine.gqa_decode_attention``) has static shapes, so it reads
 every slot of the static cache at every step (at 64 sequences over a 768-slot cache, 7.25 GB a step), while the
 filled slots average 466 of the 768 over a 512-token generation; at 8 sequences its skinny batched GEMMs (4 query
-heads per KV head) fall well short of the copy bandwidth (bench/results/fastgen_profile.md's ``attention_ms``).
+heads per KV head) fall well short of the copy bandwidth (docs/performance.md's ``attention_ms``).
 ``attend_bucket`` reads less by compiling a step per read length. This kernel takes the number of slots to read from
 a device tensor instead (the slot this step writes, + 1), so one compiled step and one CUDA graph read exactly the
 filled slots at every step, and it splits each (sequence, KV head)'s slots over several thread blocks
@@ -37,7 +37,7 @@ BLOCK_N = 32  # cache slots per inner iteration
 # with BLOCK_N 32 and 8 warps: 80-92 registers a thread, no spill, loads pipelined, for sm_90 and sm_120 (ptxas,
 # ahead of time on the host, compiled as a launch specializes it: tests/payload/test_fastgen_triton.py); a
 # while-loop form of the kernel spilled 2 KB a thread at BLOCK_N 64 and 4 warps. Registers are not speed: the GPU
-# profile chooses (bench/notes.md)
+# profile chooses (docs/archive/notes.md)
 NUM_WARPS = 8
 MIN_BLOCK_H = 16  # tl.dot's smallest M: the query heads of one KV head (4 for Qwen3-4B) are padded to it
 TARGET_PROGRAMS = 512  # ~4 thread blocks per SM of a 132-SM sm_90 GPU: how many splits a call asks for
@@ -51,10 +51,10 @@ class Tuning:
     the splits itself (``fuse_merge``: the last program of each (sequence, KV head) to finish merges its splits
     and writes the attention in the query's dtype, one split writes it at once; otherwise ``merge_splits`` runs
     after the kernel, a kernel of its own a layer inside the compiled step, whose launches cost a large share of
-    the attention's kernel time for a few KB of partials: bench/notes.md).
+    the attention's kernel time for a few KB of partials: docs/archive/notes.md).
 
     Why a value and not only the constants: alone the kernel read the cache slower than the grouped matmuls do
-    (bench/results/sm90/fastgen_profile-triton-20261205.md), and which shape reads faster is a GPU measurement
+    (bench/results/archive/sm90/fastgen_profile-triton-20261205.md), and which shape reads faster is a GPU measurement
     (``bench/attention_sweep.py`` times a grid of these); the engine uses ``TUNING`` until one wins there."""
 
     block_n: int = BLOCK_N
@@ -118,7 +118,7 @@ class Prologue:
     k_norm; None for a family without them, Llama's) and their ``eps``, and the rotary embedding's ``cos`` / ``sin``
     for this step's position of each sequence [B, D] (rotate_half's convention: the first half's partner is the
     second half's element). Why: transformers runs the norms, the rotary and the cache write as two kernels a layer
-    around the attention (their time a step: bench/notes.md), each reading and writing what the attention then
+    around the attention (their time a step: docs/archive/notes.md), each reading and writing what the attention then
     reads again."""
 
     key: Any
