@@ -61,8 +61,62 @@ def test_existing_name_refused_unless_overwrite(tmp_path: Path) -> None:
 
 
 def test_bad_name(tmp_path: Path) -> None:
-    with pytest.raises(AdapterError, match="not valid"):
-        _write(tmp_path, name="../evil")
+    from rlstack.core.names import InvalidNameError
+
+    for name in ("../evil", "a/b", "", "x" * 129, "sp ace"):
+        with pytest.raises(InvalidNameError, match="adapter name"):
+            _write(tmp_path, name=name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_symlinked_out_of_the_store_is_tampering(tmp_path: Path) -> None:
+    """The link's target has the recorded bytes, so the hash check alone passed it."""
+    d = _write(tmp_path / "store")
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes((d / "adapter_model.safetensors").read_bytes())
+    (d / "adapter_model.safetensors").unlink()
+    (d / "adapter_model.safetensors").symlink_to(outside)
+    with pytest.raises(IntegrityError, match="symlink.*adapter_model.safetensors") as exc:
+        verify(d)
+    assert exc.value.exit_code == 6
+
+
+def test_a_symlinked_adapter_folder_is_tampering(tmp_path: Path) -> None:
+    real = _write(tmp_path / "elsewhere")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a1").symlink_to(real, target_is_directory=True)
+    with pytest.raises(IntegrityError, match="adapter folder is a symlink"):
+        verify(tmp_path / "store" / "a1")
+    [entry] = scan(tmp_path / "store", check_files=True)
+    assert not entry.ok and "symlink" in str(entry.problem)
+
+
+def test_a_symlinked_sub_folder_is_tampering(tmp_path: Path) -> None:
+    d = _write(tmp_path / "store")
+    other = tmp_path / "tok-elsewhere"
+    (d / "tok").rename(other)
+    (d / "tok").symlink_to(other, target_is_directory=True)
+    with pytest.raises(IntegrityError, match="symlink.*tok"):
+        verify(d)
+
+
+@pytest.mark.parametrize("bad", ["../outside.bin", "/etc/hostname", "tok/../adapter_config.json", "./x", "a//b",
+                                 "manifest.json"])
+def test_manifest_paths_outside_the_folder_are_tampering_not_missing(tmp_path: Path, bad: str) -> None:
+    d = _write(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["files"][bad] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match="not plain files inside the adapter folder") as exc:
+        verify(d)
+    assert "missing" not in exc.value.message
+
+
+def test_binary_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    d = _write(tmp_path)
+    (d / "manifest.json").write_bytes(b"\xff\xfe\x00garbage\x80")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        verify(d)
 
 
 def test_tampered_file_named(tmp_path: Path) -> None:

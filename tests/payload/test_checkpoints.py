@@ -69,6 +69,32 @@ def test_disk_full_guard_translates_enospc(tmp_path: Path) -> None:
         raise PermissionError(errno.EACCES, "denied")
 
 
+class SafetensorError(Exception):
+    """Stands in for safetensors' Rust error type: not an OSError, its message carries the OS error."""
+
+
+@pytest.mark.parametrize("exc", [
+    SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left '
+                    'on device" })'),
+    RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0: file "
+                 "write failed"),
+])
+def test_disk_full_guard_reads_a_library_wrapped_enospc(tmp_path: Path, exc: Exception) -> None:
+    with pytest.raises(checkpoints.DiskFullError) as got, checkpoints.disk_full_guard(tmp_path, "writing", "free"):
+        raise exc
+    assert got.value.exit_code == 28
+
+
+def test_disk_full_guard_reads_a_chained_enospc(tmp_path: Path) -> None:
+    with pytest.raises(checkpoints.DiskFullError), checkpoints.disk_full_guard(tmp_path, "writing", "free"):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise ValueError("could not save the tokenizer") from inner
+    with pytest.raises(ValueError, match="unrelated"), checkpoints.disk_full_guard(tmp_path, "writing", "free"):
+        raise ValueError("unrelated")
+
+
 @contextlib.contextmanager
 def tiny_tmpfs(tmp_path: Path, size: str = "256k") -> Iterator[Path]:
     mnt = tmp_path / "full"

@@ -90,3 +90,32 @@ def test_tiny_build_is_deterministic(tmp_path: Path) -> None:
     ids = tok("so 5 + 3 = 8\n#### 8", add_special_tokens=False).input_ids
     assert tok.convert_tokens_to_ids(tiny.MARKER_TOKEN) in ids  # the marker is one token
     assert tok.decode(ids) == "so 5 + 3 = 8\n#### 8"
+
+
+def test_resume_of_a_finished_run_and_after_a_kill_in_the_adapter_write(env: Path) -> None:
+    """A finished run: --resume changes nothing. Its adapter lost (a kill during the adapter write): --resume
+    writes the adapter from the final checkpoint, with no step trained again."""
+    args = ["train", "--recipe", "smoke-cpu", "--adapter-name", "f", "--set", "grpo.save_steps=2", *FAST,
+            "--max-steps", "2"]
+    assert main(args) == 0
+    run = env / "runs" / "train" / "f"
+    adapter = env / "adapters" / "f"
+    before = {p: p.read_bytes() for p in sorted([*run.rglob("*"), *adapter.rglob("*")]) if p.is_file()}
+    assert main([*args, "--resume"]) == 0
+    after = {p: p.read_bytes() for p in sorted([*run.rglob("*"), *adapter.rglob("*")]) if p.is_file()}
+    assert after.keys() == before.keys() and all(after[p] == before[p] for p in before if p.name != ".rlstack-lock")
+
+    from safetensors.torch import load_file
+
+    weights = load_file(adapter / "adapter_model.safetensors")
+    import shutil
+
+    shutil.rmtree(adapter)
+    (run / "DONE").unlink()
+    assert main([*args, "--resume"]) == 0
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    assert adapters.verify(adapter).metrics["steps"] == 2
+    again = load_file(adapter / "adapter_model.safetensors")
+    assert again.keys() == weights.keys() and all((again[k] == weights[k]).all() for k in weights)
+    assert main([*args[:-1], "1", "--resume"]) == 2  # fewer steps than trained: refused, nothing changed
+    assert adapters.verify(adapter).metrics["steps"] == 2

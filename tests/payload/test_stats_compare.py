@@ -125,3 +125,61 @@ def test_format_of_older_results_comes_from_their_generations(tmp_path: Path) ->
     c = compare(base, tuned, iters=100)
     assert c["format"] is None and "format: not recorded" in format_compare(c)
     assert "line on" not in summary(c)
+
+
+def _eval_of(tmp_path: Path, name: str, questions: list[str], *, record_identity: bool = True) -> Path:
+    """results.json and generations.jsonl as `rlstack eval` writes them for problems from a file test.jsonl: the
+    ids are '<file stem>-<line>', whatever folder the file was in."""
+    folder = tmp_path / name
+    folder.mkdir()
+    rows = [{"id": f"test-{i}", "question": q, "reference": "#### 10", "generation": "#### 10"}
+            for i, q in enumerate(questions, 1)]
+    (folder / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scored = scoring.score(rows)
+    if not record_identity:
+        del scored["per_question_identity"]
+    (folder / "results.json").write_text(json.dumps(scored))
+    return folder / "results.json"
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_compare_refuses_different_questions_under_one_id(tmp_path: Path, recorded: bool) -> None:
+    base = _eval_of(tmp_path, "b", ["What is 2+8?", "What is 5+5?"], record_identity=recorded)
+    tuned = _eval_of(tmp_path, "t", ["What is 3+7?", "What is 5+5?"], record_identity=recorded)
+    with pytest.raises(EvalError, match="1 of the 2 question ids .* name different questions") as exc:
+        compare(base, tuned, iters=10)
+    assert "same --data" in str(exc.value.hint)
+    same = _eval_of(tmp_path, "s", ["What is 2+8?", "What is 5+5?"], record_identity=recorded)
+    assert compare(base, same, iters=10)["paired_by"] == "question text"
+
+
+@pytest.mark.parametrize("value", ["maybe", 1, None, "true", [True]])
+def test_compare_counts_only_true_or_false(tmp_path: Path, value: object) -> None:
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"per_question": {"x": True, "y": False}}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"per_question": {"x": value, "y": False}}))
+    with pytest.raises(EvalError, match=r"per_question\['x'\] is .*not true or false"):
+        compare(a, b, iters=10)
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00binary", b"[1, 2]", b'"per_question"', b"[" * 100_000])
+def test_compare_garbage_results_are_clear_errors(tmp_path: Path, content: bytes) -> None:
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"per_question": {"x": True}}))
+    b = tmp_path / "b.json"
+    b.write_bytes(content)
+    with pytest.raises(EvalError, match="b.json"):
+        compare(a, b, iters=10)
+    with pytest.raises(EvalError, match="is a directory"):
+        compare(a, tmp_path, iters=10)
+
+
+def test_rescore_binary_generations_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "generations.jsonl"
+    p.write_bytes(b"\xff\xd8\xff\xe0 not text \x00")
+    with pytest.raises(EvalError, match="not UTF-8 text"):
+        scoring.rescore(p)
+    p.write_text('{"id": "a", "generation": "x", "reference": "no number here"}\n')
+    with pytest.raises(EvalError, match="holds no number"):
+        scoring.rescore(p)

@@ -163,7 +163,7 @@ def test_training_aliases_before_importing_the_trainer() -> None:
 
     from rlstack.payload.train import grpo
 
-    src = inspect.getsource(grpo.run)
+    src = inspect.getsource(grpo._train)
     assert "alias_guided_decoding_params()" in src
     assert src.index("alias_guided_decoding_params()") < src.index("from trl import GRPOTrainer")
 

@@ -40,3 +40,11 @@ class StaleLockError(LockError):
 
 class DockerError(RlstackError):
     exit_code = 5
+
+
+class DiskFullError(RlstackError):
+    """The disk filled up mid-write. 28 is ENOSPC's errno, so scripts can tell a full disk from other failures;
+    every durable write (core.fileio) leaves the old content or the new, never a torn file, so freeing space and
+    running again is safe."""
+
+    exit_code = 28

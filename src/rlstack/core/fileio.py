@@ -49,3 +49,26 @@ def write_atomic(path: Path, text: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def tree_hashes(folder: Path, skip: str = "") -> dict[str, str]:
+    """sha256 of every regular file below `folder` (POSIX relative path -> hex), `skip` (a top-level file name,
+    the record itself) left out: what a cache folder records when it is written, to check it before reuse."""
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != skip)
+    return {rel: sha256_file(folder / rel) for rel in files}
+
+
+def tree_difference(folder: Path, recorded: dict[str, str], skip: str = "") -> str | None:
+    """How `folder` differs from the hashes `recorded` by tree_hashes (missing, extra or changed files, a
+    symlink anywhere), or None when it is exactly what was recorded."""
+    links = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
+    if links:
+        return f"symlink(s) {links[:3]}"
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != skip}
+    if not recorded or on_disk != set(recorded):
+        return f"files differ from the record (missing {sorted(set(recorded) - on_disk)}, extra " \
+               f"{sorted(on_disk - set(recorded))})"
+    for rel, digest in sorted(recorded.items()):
+        if sha256_file(folder / rel) != digest:
+            return f"{rel} does not match its sha256 (changed or truncated)"
+    return None

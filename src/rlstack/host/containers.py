@@ -202,12 +202,29 @@ def ready_image(stack: Stack, *, base_image: str | None = None, ca_cert: str | N
     return images.ensure_built(images.plan(stack, base_image=base_image or None, ca_cert=ca_cert or None))
 
 
+RUN_KINDS = ("train", "eval")
+
+
+def run_rel(rel: str) -> str:
+    """`rel` when it names one run folder of the runs volume, KIND/NAME (KIND train or eval, NAME one safe name:
+    core.names), else an InvalidNameError; checked before anything is copied, moved aside or deleted, so no
+    name can reach a folder outside ./runs (a `..` would have swapped a folder beside ./runs away)."""
+    from rlstack.core.names import InvalidNameError, check_name
+
+    kind, sep, name = rel.partition("/")
+    if not sep or kind not in RUN_KINDS:
+        raise InvalidNameError(f"run folder {rel!r} is not {' or '.join(k + '/NAME' for k in RUN_KINDS)}",
+                               "invoke runs lists the run folders of the volume")
+    check_name(name, f"run name in {rel!r}:")
+    return f"{kind}/{name}"
+
+
 def copy_out(image: str, rel: str, *, volumes: Volumes | None = None, dest_root: Path | None = None) -> Path:
     """Copy `rel` (e.g. train/NAME) from the runs volume to ./runs/rel on the host, so a run's metrics, curve
     and results are files the user has. The copy lands beside the old one and replaces it only when whole."""
     vols = volumes or Volumes()
     root = dest_root or Path.cwd() / HOST_RUNS
-    dest = root / rel
+    dest = root / run_rel(rel)
     dest.parent.mkdir(parents=True, exist_ok=True)
     exe = engine.client()
     name = f"rlstack-copy-{secrets.token_hex(4)}"

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,10 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rlstack import __version__
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import fsync_path, sha256_file, swap_in
+from rlstack.core.names import NAME_PATTERN, check_name
 from rlstack.core.paths import images_dir
 
 MANIFEST = "manifest.json"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(NAME_PATTERN)
 
 
 class AdapterError(RlstackError):
@@ -78,12 +79,35 @@ def default_root() -> Path:
 
 
 def _walk(folder: Path) -> list[str]:
-    """Every regular file below folder except the manifest, as sorted POSIX relative paths."""
+    """Every regular file below folder except the manifest, as sorted POSIX relative paths. Symlinked folders are
+    not entered (verify refuses any symlink before it hashes)."""
     out = []
-    for p in folder.rglob("*"):
-        if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST:
-            out.append(p.relative_to(folder).as_posix())
+    for dirpath, _dirs, filenames in os.walk(folder):
+        for name in filenames:
+            p = Path(dirpath) / name
+            rel = p.relative_to(folder).as_posix()
+            if rel != MANIFEST and (p.is_file() or p.is_symlink()):
+                out.append(rel)
     return sorted(out)
+
+
+def _symlinks(folder: Path) -> list[str]:
+    """Every symlink below folder, file or folder, as POSIX relative paths (os.walk does not follow them)."""
+    found = []
+    for dirpath, dirs, filenames in os.walk(folder):
+        for name in [*dirs, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                found.append(p.relative_to(folder).as_posix())
+    return sorted(found)
+
+
+def _invalid_path(rel: str) -> bool:
+    """A manifest path that could name something outside the adapter folder, or the same file twice: absolute,
+    with '..', '.', an empty part or a backslash, or not in its one canonical spelling."""
+    pure = PurePosixPath(rel)
+    return (not rel or pure.is_absolute() or "\\" in rel or pure.as_posix() != rel
+            or any(part in ("..", ".", "") for part in rel.split("/")) or rel == MANIFEST)
 
 
 def resolve_lock_hash() -> str | None:
@@ -116,8 +140,7 @@ def write_adapter(
     """Create `<root>/<name>`: `fill(tmp_dir)` writes the adapter files, then they are hashed, the manifest is
     written, everything is fsynced and the folder is renamed into place. On any failure the temporary folder is
     removed and nothing appears under the final name."""
-    if not NAME_RE.match(name):
-        raise AdapterError(f"adapter name {name!r} is not valid", "use letters, digits, '.', '_' and '-' only")
+    check_name(name, "adapter name")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
@@ -154,29 +177,51 @@ def write_adapter(
 
 
 def read_manifest(adapter_dir: Path) -> Manifest:
-    path = Path(adapter_dir) / MANIFEST
-    if not Path(adapter_dir).is_dir():
+    """The adapter's manifest, parsed. A symlinked adapter folder or manifest, and a manifest that lists a path
+    outside its folder, are tampering (IntegrityError): the store follows no link out of itself."""
+    adapter_dir = Path(adapter_dir)
+    path = adapter_dir / MANIFEST
+    if adapter_dir.is_symlink():
+        raise IntegrityError(f"{adapter_dir}: the adapter folder is a symlink (to {os.readlink(adapter_dir)}); the "
+                             "store follows no link out of itself", "copy the adapter into the store as a folder")
+    if not adapter_dir.is_dir():
         raise AdapterError(f"{adapter_dir}: no such adapter folder", "list adapters with: invoke adapters")
+    if path.is_symlink():
+        raise IntegrityError(f"{path}: the manifest is a symlink; the store follows no link out of itself",
+                             "copy the adapter again or retrain it")
     if not path.is_file():
         raise ManifestError(
             f"{adapter_dir}: no {MANIFEST}; this folder was not written by rlstack or its write was interrupted",
             "retrain it, or write a manifest only if you trust the files",
         )
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ManifestError(f"{path}: not valid JSON ({str(exc)[:200]})", "copy the adapter again or retrain it") \
+            from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the manifest ({exc.strerror or exc})") from None
     try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
         raise ManifestError(f"{path}: malformed manifest: {problems}") from None
+    invalid = sorted(rel for rel in manifest.files if _invalid_path(rel))
+    if invalid:
+        raise IntegrityError(f"{path}: lists path(s) that are not plain files inside the adapter folder: "
+                             f"{', '.join(repr(r) for r in invalid[:5])} (tampered)",
+                             "copy the adapter again or retrain it")
+    return manifest
 
 
 def verify(adapter_dir: Path, expected_base_model: str | None = None) -> Manifest:
     """Check every file against the manifest (and the base model when given); return the manifest."""
     adapter_dir = Path(adapter_dir)
     manifest = read_manifest(adapter_dir)
+    links = _symlinks(adapter_dir)
+    if links:
+        raise IntegrityError(f"{adapter_dir}: symlink(s) inside the adapter: {', '.join(links[:5])}; the store "
+                             "follows no link out of itself (tampered)", "copy the adapter again or retrain it")
     on_disk = set(_walk(adapter_dir))
     recorded = set(manifest.files)
     missing = sorted(recorded - on_disk)

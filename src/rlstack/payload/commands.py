@@ -33,11 +33,14 @@ Model = Annotated[str | None, typer.Option(help="base model: a hub id, a local f
                                                 "model) or 'embedded:smollm2-135m' (a small pretrained model from "
                                                 "a pinned PyPI wheel)")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-MaxSteps = Annotated[int | None, typer.Option(help="GRPO steps (overrides grpo.max_steps)")]
+# Counts a run needs at least one of: typer refuses 0 and below under the flag's own name, before any work.
+MaxSteps = Annotated[int | None, typer.Option(min=1, help="GRPO steps (overrides grpo.max_steps)")]
 AdapterName = Annotated[str | None, typer.Option(help="adapter name in the store (default: <recipe>-<UTC time>)")]
-Resume = Annotated[bool, typer.Option(help="continue the run from its last sealed checkpoint")]
+Resume = Annotated[bool, typer.Option(help="continue the run from its last sealed checkpoint (a finished run: "
+                                          "nothing to do; a larger --max-steps trains further)")]
 Fp8 = Annotated[bool, typer.Option(help="Unsloth's FP8 RL path: load_in_fp8 + vLLM rollouts (the fp8 stack)")]
-Overwrite = Annotated[bool, typer.Option(help="replace an adapter of the same name")]
+Overwrite = Annotated[bool, typer.Option(help="replace an adapter of the same name; without --resume, also start "
+                                                "the run over (its metrics and checkpoints are replaced)")]
 TrainJson = Annotated[bool, typer.Option("--json", help="print the adapter's manifest as JSON at the end")]
 
 Adapter = Annotated[str | None, typer.Option(help="adapter name in the store, or its folder; checked against its "
@@ -45,10 +48,11 @@ Adapter = Annotated[str | None, typer.Option(help="adapter name in the store, or
 EvalModel = Annotated[str | None, typer.Option("--model", help="base model (default: the adapter's base_model)")]
 Backend = Annotated[Literal["hf", "vllm"] | None, typer.Option(help="generation backend (default: the recipe's, "
                                                                     "else hf)")]
-Questions = Annotated[int | None, typer.Option("-n", help="number of questions, the first N in order (default 300)")]
+Questions = Annotated[int | None, typer.Option("-n", min=1, help="number of questions, the first N in order "
+                                                                 "(default 300)")]
 Split = Annotated[str | None, typer.Option(help="dataset split (default: test)")]
-BatchSize = Annotated[int | None, typer.Option(help="generation batch size (hf backend)")]
-MaxNewTokens = Annotated[int | None, typer.Option(help="generation length limit")]
+BatchSize = Annotated[int | None, typer.Option(min=1, help="generation batch size (hf backend)")]
+MaxNewTokens = Annotated[int | None, typer.Option(min=1, help="generation length limit")]
 Seed = Annotated[int | None, typer.Option(help="seed (decoding is greedy; the seed fixes anything random)")]
 LoadIn4bit = Annotated[bool, typer.Option(help="load the base in 4-bit (bitsandbytes, GPU)")]
 Unquantized = Annotated[bool, typer.Option(help="load the base as its checkpoint stores it (bf16), even where the "
@@ -247,7 +251,7 @@ def format_compare(c: dict[str, Any], *, flips: bool = True, sentence: bool = Tr
 def compare(
     base: Annotated[Path, typer.Argument(help="results.json of the base model (from rlstack eval)")],
     tuned: Annotated[Path, typer.Argument(help="results.json of the tuned adapter, on the same questions")],
-    iters: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
+    iters: Annotated[int, typer.Option(min=1, help="bootstrap resamples")] = 10_000,
     json_: AsJson = False,
 ) -> int:
     """Paired base-vs-tuned comparison of accuracy and format: delta, exact McNemar p-value, bootstrap interval,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.core.errors import RlstackError
-from rlstack.core.fileio import sha256_file, swap_in
+from rlstack.core.fileio import sha256_file, swap_in, tree_difference, tree_hashes
 from rlstack.payload import tokenizer_files
 
 PREFIX = "embedded:"
@@ -276,32 +276,26 @@ def materialize(gguf: Path, out: Path) -> None:
 
 
 def _stamp(model: EmbeddedModel, folder: Path) -> dict[str, Any]:
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != STAMP)
     return {"name": model.name, "package": f"{model.package}=={model.version}", "wheel_sha256": model.wheel_sha256,
             "gguf_sha256": model.gguf_sha256, "license": model.license, "source": model.source,
-            "files": {rel: sha256_file(folder / rel) for rel in files}}
+            "files": tree_hashes(folder, skip=STAMP)}
 
 
 def check_cached(model: EmbeddedModel, folder: Path) -> None:
     """Refuse a cached folder whose files differ from the sha256 recorded when it was written."""
     try:
         stamp = json.loads((folder / STAMP).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise EmbeddedModelError(f"{folder}: no readable {STAMP} ({exc})",
                                  f"delete {folder}; the next run fetches and converts it again") from None
-    if stamp.get("gguf_sha256") != model.gguf_sha256:
-        raise EmbeddedModelError(f"{folder}: built from another GGUF ({stamp.get('gguf_sha256')})",
+    if not isinstance(stamp, dict) or stamp.get("gguf_sha256") != model.gguf_sha256:
+        raise EmbeddedModelError(f"{folder}: built from another GGUF "
+                                 f"({stamp.get('gguf_sha256') if isinstance(stamp, dict) else None})",
                                  f"delete {folder}; the next run fetches and converts it again")
-    recorded: dict[str, str] = stamp.get("files") or {}
-    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != STAMP}
-    if not recorded or on_disk != set(recorded):
-        missing, extra = sorted(set(recorded) - on_disk), sorted(on_disk - set(recorded))
-        raise EmbeddedModelError(f"{folder}: files differ from its {STAMP} (missing {missing}, extra {extra})",
-                                 f"delete {folder}; the next run fetches and converts it again")
-    for rel, digest in recorded.items():
-        if sha256_file(folder / rel) != digest:
-            raise EmbeddedModelError(f"{folder}: {rel} does not match its sha256 (changed or truncated)",
-                                     f"delete {folder}; the next run fetches and converts it again")
+    recorded = stamp.get("files")
+    problem = tree_difference(folder, recorded if isinstance(recorded, dict) else {}, skip=STAMP)
+    if problem:
+        raise EmbeddedModelError(f"{folder}: {problem}", f"delete {folder}; the next run fetches and converts it again")
 
 
 def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: Path | None = None,

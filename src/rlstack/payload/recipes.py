@@ -18,11 +18,12 @@ import json
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlstack.core.errors import RlstackError
+from rlstack.core.names import MAX_LENGTH, InvalidNameError, check_name
 from rlstack.core.paths import recipes_dir, shown
 from rlstack.payload.fastgen.options import FastgenOptions
 
@@ -49,7 +50,8 @@ class RecipeError(RlstackError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan are no learning rate, temperature or weight: a float field refuses them before training starts
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TinySpec(_Strict):
@@ -131,7 +133,7 @@ class GrpoSpec(_Strict):
         default=None, gt=0, description="upper bound of the clipped ratio (DAPO's clip-higher uses 0.28); "
         "unset: the lower bound's 0.2, TRL's default")
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0)
     warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     lr_scheduler_type: str = "constant"
     max_grad_norm: float = Field(default=1.0, gt=0)
@@ -200,8 +202,21 @@ class PromptSpec(_Strict):
         default_factory=dict, description="passed to tokenizer.apply_chat_template, e.g. enable_thinking = false")
 
 
+def _name(value: str) -> str:
+    """The one name check (core.names), as the ValueError pydantic reports under the field's own location."""
+    try:
+        return check_name(value, "name")
+    except InvalidNameError as exc:
+        raise ValueError(f"{exc.message}; {exc.hint}") from None
+
+
+# A run's default name is '<recipe name>-<YYYYmmdd-HHMMSS>': the recipe name leaves room for that suffix.
+RecipeName = Annotated[str, AfterValidator(_name), Field(max_length=MAX_LENGTH - 16)]
+RunName = Annotated[str, AfterValidator(_name)]
+
+
 class Recipe(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: RecipeName
     description: str = ""
     model: ModelSpec
     lora: LoraSpec = Field(default_factory=LoraSpec)
@@ -211,7 +226,7 @@ class Recipe(_Strict):
     reward_weights: list[float] | None = None
     data: DataSpec = Field(default_factory=DataSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
-    adapter_name: str | None = Field(default=None, description="default: <recipe name>-<time>")
+    adapter_name: RunName | None = Field(default=None, description="default: <recipe name>-<time>")
 
     @model_validator(mode="after")
     def _weights(self) -> Recipe:
@@ -228,7 +243,7 @@ class Recipe(_Strict):
 def _parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 
@@ -327,7 +342,8 @@ def _explain(source: str, exc: ValidationError, data: dict[str, Any] | None = No
             else:
                 lines.append(f"unknown field '{dotted}': {_unknown_field(loc)}")
         else:
-            lines.append(f"{dotted}: {e['msg']}")
+            given = next((item for item, key in set_keys if loc[:len(key)] == key), None)
+            lines.append(f"{dotted}: {e['msg']}" + (f" (from --set {given})" if given is not None else ""))
     return RecipeError(f"{source}: invalid recipe:\n  " + "\n  ".join(lines), FIX_HINT)
 
 
@@ -356,8 +372,9 @@ def load(spec: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     path = resolve_path(spec)
     try:
         data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{shown(path)}: not valid TOML: {exc}", FIX_HINT) from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise RecipeError(f"{shown(path)}: not valid TOML: {str(exc)[:300] or type(exc).__name__}", FIX_HINT) \
+            from None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # OSError's str repeats the path
         raise RecipeError(f"{shown(path)}: cannot read the recipe: {why}") from None

@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import swap_in, tree_difference, tree_hashes
 from rlstack.payload import tokenizer_files
 from rlstack.payload.recipes import TinySpec
 
@@ -102,21 +105,51 @@ def build(spec: TinySpec) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+STAMP = "rlstack-tiny.json"
+
+
+class TinyModelError(RlstackError):
+    pass
+
+
+def check_cached(spec: TinySpec, folder: Path) -> bool:
+    """Whether `folder` holds the tiny model as it was built: True when every file matches the sha256 recorded
+    in its stamp; False for a folder built before stamps recorded hashes (rebuilt, as the build is
+    deterministic). A folder whose files differ from its record is refused, as the embedded model's cache is:
+    a base that changed under an adapter would make its evaluation meaningless."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        stamp = None
+    recorded = stamp.get("files") if isinstance(stamp, dict) else None
+    if not isinstance(recorded, dict):
+        return False
+    problem = tree_difference(folder, recorded, skip=STAMP)
+    if problem or stamp.get("spec") != spec.model_dump(mode="json"):
+        raise TinyModelError(f"{folder}: the cached tiny model is not the one built here: "
+                             f"{problem or 'its stamp records another spec'}",
+                             f"delete {folder}; the next run builds it again (the build is deterministic)")
+    return True
+
+
 def ensure(spec: TinySpec, root: Path | None = None) -> Path:
-    """The folder holding the tiny base model and tokenizer, built once and then reused."""
+    """The folder holding the tiny base model and tokenizer, built once, then reused while its files match the
+    sha256 recorded when it was built."""
     folder = (root or cache_dir()) / model_id(spec)
-    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+    if folder.is_dir() and check_cached(spec, folder):
         return folder
     model, tokenizer = build(spec)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
-    tokenizer_files.save(tokenizer, tmp)
-    (tmp / "rlstack-tiny.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
-        os.replace(tmp, folder)
-    except OSError:  # another process built it first
-        import shutil
-
+        model.save_pretrained(tmp)
+        tokenizer_files.save(tokenizer, tmp)
+        stamp = {"spec": spec.model_dump(mode="json"), "files": tree_hashes(tmp, skip=STAMP)}
+        (tmp / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if folder.is_dir() and check_cached(spec, folder):  # another process finished first: keep theirs
+            return folder
+        swap_in(tmp, folder)  # replaces a folder built before stamps recorded hashes
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -70,7 +70,9 @@ def eval_(
 
     values = lent(payload.eval_, locals())
     s = load_stack(stack)
-    label = Path(values.get("adapter") or values.get("model") or "eval").name.replace("/", "_")
+    from rlstack.core.names import to_name
+
+    label = to_name(Path(values.get("adapter") or values.get("model") or "eval").name, "eval")[:100]
     rel = f"eval/{label}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     values["output"] = f"{containers.RUNS_MOUNT}/{rel}"
     image = containers.ready_image(s, base_image=base_image, ca_cert=ca_cert)
@@ -138,6 +140,8 @@ def runs(
     own out when they finish)."""
     from rlstack.host import containers
 
+    for rel in copy or []:  # every name checked before an image is built or a folder touched
+        containers.run_rel(rel)
     image = containers.ready_image(load_stack(stack), base_image=base_image, ca_cert=ca_cert)
     if not copy:
         found = containers.list_runs(image)

@@ -36,8 +36,13 @@ def _train_values(s: Any, given: dict[str, Any]) -> dict[str, Any]:
     """The payload train call a host command makes: the stack's default recipe, a dated adapter name."""
     values = lent(payload.train, given)
     values["recipe"] = values.get("recipe") or s.default_recipe
-    if not values.get("adapter_name"):
-        values["adapter_name"] = f"{Path(values['recipe']).stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    from rlstack.core.names import check_name, to_name
+
+    if values.get("adapter_name") is None:
+        stem = to_name(Path(values["recipe"]).stem)[:100]
+        values["adapter_name"] = f"{stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    else:  # before any image is built: the name becomes a folder in the volumes and in ./runs
+        check_name(values["adapter_name"], "--adapter-name")
     return values
 
 

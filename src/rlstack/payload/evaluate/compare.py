@@ -13,23 +13,52 @@ from pathlib import Path
 from typing import Any
 
 from rlstack.payload import stats
-from rlstack.payload.evaluate.scoring import EvalError, format_ok
+from rlstack.payload.evaluate.scoring import EvalError, format_ok, question_identity, read_generations, read_json
+
+
+def _outcomes(path: Path, data: dict[str, Any], key: str) -> dict[str, bool] | None:
+    """A per-question outcome map of a results.json, strictly: question id -> true or false. Anything else (a
+    "maybe", 1, null) is an EvalError: a value that is not a boolean is not counted either way."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise EvalError(f"{path}: {key} is not an object of question id -> true/false",
+                        "pass a results.json written by rlstack eval")
+    bad = [(q, v) for q, v in value.items() if not isinstance(v, bool)]
+    if bad:
+        q, v = bad[0]
+        raise EvalError(f"{path}: {key}[{q!r}] is {json.dumps(v)}, not true or false ({len(bad)} such value(s))",
+                        "pass a results.json written by rlstack eval; rescore its generations.jsonl to rebuild it")
+    return {str(q): v for q, v in value.items()}
+
+
+def _generations(path: Path, data: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The raw generations saved beside a results.json, when they are there."""
+    gen = Path(path).with_name(str(data.get("generations") or "generations.jsonl"))
+    return read_generations(gen) if gen.is_file() else None
 
 
 def _format_outcomes(path: Path, data: dict[str, Any]) -> dict[str, bool] | None:
     """Per-question format outcomes: recorded by `rlstack eval`, or (results written before it recorded them)
     recomputed from the raw generations saved beside the results; None when neither is there."""
-    if isinstance(data.get("per_question_format"), dict):
-        return {str(k): bool(v) for k, v in data["per_question_format"].items()}
-    gen = Path(path).with_name(str(data.get("generations") or "generations.jsonl"))
-    if not gen.is_file():
+    recorded = _outcomes(path, data, "per_question_format")
+    if recorded is not None:
+        return recorded
+    rows = _generations(path, data)
+    return None if rows is None else {r["id"]: format_ok(r["generation"]) for r in rows}
+
+
+def _identities(path: Path, data: dict[str, Any]) -> dict[str, str] | None:
+    """Question id -> what the question is (scoring.question_identity): recorded by `rlstack eval`, or computed
+    from the generations beside the results; None for results that have neither."""
+    recorded = data.get("per_question_identity")
+    if isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values()):
+        return {str(k): v for k, v in recorded.items()}
+    rows = _generations(path, data)
+    if rows is None or not all(isinstance(r.get("question"), str) for r in rows):
         return None
-    out: dict[str, bool] = {}
-    for line in gen.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out[str(row["id"])] = format_ok(str(row["generation"]))
-    return out
+    return {r["id"]: question_identity(r["question"], r["reference"]) for r in rows}
 
 
 def _paired(bq: dict[str, bool], tq: dict[str, bool], common: list[str], *, iters: int,
@@ -52,19 +81,29 @@ def compare(base_path: Path, tuned_path: Path, *, iters: int = 10_000, seed: int
     """Paired comparison of two results.json on the questions both scored: accuracy at the top level (the keys
     every consumer reads), the format outcome under "format" (None when a result has no record of it)."""
     def load(p: Path) -> dict[str, Any]:
-        try:
-            data = json.loads(Path(p).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise EvalError(f"{p}: cannot read results ({exc})") from None
-        if "per_question" not in data:
-            raise EvalError(f"{p}: no per_question outcomes (not written by rlstack eval?)")
+        data = read_json(p, "results.json")
+        if not isinstance(data, dict) or "per_question" not in data:
+            raise EvalError(f"{p}: no per_question outcomes (not written by rlstack eval?)",
+                            "pass the results.json of an rlstack eval run")
         return data
 
     base, tuned = load(base_path), load(tuned_path)
-    bq, tq = base["per_question"], tuned["per_question"]
+    bq, tq = _outcomes(base_path, base, "per_question"), _outcomes(tuned_path, tuned, "per_question")
+    assert bq is not None and tq is not None
     common = [q for q in bq if q in tq]
     if not common:
         raise EvalError("the two results share no questions", "evaluate both on the same data, split and -n")
+    bi, ti = _identities(base_path, base), _identities(tuned_path, tuned)
+    if bi is not None and ti is not None:
+        differ = [q for q in common if q in bi and q in ti and bi[q] != ti[q]]
+        if differ:
+            raise EvalError(
+                f"{len(differ)} of the {len(common)} question ids the two results share name different questions "
+                f"(e.g. {differ[0]!r}): they were evaluated on different data (two files of one name give the "
+                "same ids), so pairing them would compare unrelated answers",
+                "evaluate both on the same --data file, split and -n")
+    identity = "question text" if bi is not None and ti is not None else "question id only (no question text " \
+        "recorded in one of the results)"
     only = len(bq) + len(tq) - 2 * len(common)
     acc = _paired(bq, tq, common, iters=iters, seed=seed)
     out: dict[str, Any] = {
@@ -73,6 +112,7 @@ def compare(base_path: Path, tuned_path: Path, *, iters: int = 10_000, seed: int
         **{k: acc[k] for k in ("delta_points", "bootstrap_95_points", "discordant", "mcnemar_exact_p",
                                "significant_at_0.05")},
         "unpaired_questions": only,
+        "paired_by": identity,
         "flips": acc["flips"],
         "format": None,
         "base": str(base_path), "tuned": str(tuned_path),

@@ -86,6 +86,9 @@ def _base_for(cfg: EvalConfig) -> tuple[str, str, Path | None, adapters.Manifest
 
     if embedded.is_embedded(base_id):
         return str(embedded.ensure(base_id)), base_id, adapter_dir, manifest, spec
+    from rlstack.payload.train.loading import check_model_name
+
+    check_model_name(base_id)
     return base_id, base_id, adapter_dir, manifest, spec
 
 
@@ -303,6 +306,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         "generations": gen_path.name,
         "per_question": scored["per_question"],
         "per_question_format": scored["per_question_format"],
+        "per_question_identity": scored.get("per_question_identity"),
     }
     (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     result["output_dir"] = str(out_dir)

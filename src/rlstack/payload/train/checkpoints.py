@@ -16,14 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlstack.core.errors import RlstackError
+from rlstack.core.errors import DiskFullError, RlstackError
 from rlstack.core.fileio import fsync_path
 
 SEAL = ".rlstack-complete"
 
 
-class DiskFullError(RlstackError):
-    exit_code = 28  # ENOSPC, so scripts can tell a full disk from other failures
 
 
 def seal(ckpt: Path) -> None:
@@ -85,17 +83,36 @@ def make_seal_callback() -> Any:
     return SealCallback()
 
 
+# How a full disk reads when a library wraps the OSError: torch.save ("... file write failed"), safetensors' Rust
+# writer ("IoError(Os { code: 28, kind: StorageFull, ... })"), tokenizers and others ("No space left on device").
+_ENOSPC_TEXT = ("No space left on device", "file write failed", "StorageFull", "code: 28", "os error 28")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC, or a library's wrapping of it)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return True
+        if not isinstance(cur, OSError) and any(t in str(cur) for t in _ENOSPC_TEXT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 @contextlib.contextmanager
 def disk_full_guard(where: Path, what: str, hint: str) -> Iterator[None]:
-    """Turn ENOSPC anywhere inside into a DiskFullError that names the place and what survives."""
+    """Turn a full disk anywhere inside (ENOSPC, however a library wraps it) into a DiskFullError (exit 28) that
+    names the place and what survives."""
     try:
         yield
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+    except Exception as exc:
+        if isinstance(exc, RlstackError) or not is_disk_full(exc):
             raise
-        free = shutil.disk_usage(where if where.exists() else where.parent).free
-        raise DiskFullError(f"disk full while {what} ({where}; {free / 1e6:.1f} MB free)", hint) from None
-    except RuntimeError as exc:  # torch.save wraps the OSError: "... file write failed" / "No space left"
-        if "No space left" not in str(exc) and "file write failed" not in str(exc):
-            raise
-        raise DiskFullError(f"disk full while {what} ({where})", hint) from None
+        try:
+            free = f"; {shutil.disk_usage(where if where.exists() else where.parent).free / 1e6:.1f} MB free"
+        except OSError:
+            free = ""
+        raise DiskFullError(f"disk full while {what} ({where}{free})", hint) from None

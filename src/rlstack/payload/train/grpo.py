@@ -1,13 +1,15 @@
 """`rlstack train`: GRPO with TRL's GRPOTrainer on the portable path (use_vllm=False), one recipe in, one
 verified adapter out.
 
-Layout of a run (runs/train/<adapter name>/): recipe.json, metrics.jsonl, reward_curve.png, checkpoints/.
+Layout of a run (runs/train/<adapter name>/): recipe.json, metrics.jsonl, reward_curve.png, checkpoints/, DONE once
+the adapter is written, and .rlstack-lock (held while a process writes the folder). What a call may do with an
+existing run folder (resume, finish, refuse) is train/runs.py's decision, made before the model loads.
 The adapter itself goes to the adapter store (adapters.py): written atomically with its manifest.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import sys
 import time
@@ -16,10 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlstack.core import locking
 from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import write_atomic
+from rlstack.core.names import check_name
+from rlstack.core.paths import shown
 from rlstack.payload import adapters, prompt, tokenizer_files
 from rlstack.payload.recipes import Recipe
-from rlstack.payload.train import checkpoints, metrics, ranks
+from rlstack.payload.train import checkpoints, metrics, ranks, runs
 
 
 @dataclass
@@ -49,13 +55,10 @@ def find_resumable(recipe: Recipe) -> Path | None:
     return max(runs, key=lambda d: d.stat().st_mtime, default=None)
 
 
-def build_dataset(recipe: Recipe, tokenizer: Any, data: str | None) -> Any:
+def build_dataset(recipe: Recipe, tokenizer: Any, problems: list[Any]) -> Any:
+    """The trainer's dataset: each problem's prompt rendered with the model's chat template."""
     from datasets import Dataset
 
-    from rlstack.payload.data import load_problems
-
-    problems = load_problems(data or recipe.data.train, split=recipe.data.split, n=recipe.data.n,
-                             seed=recipe.data.seed, shuffle=True)
     kwargs = recipe.prompt.chat_template_kwargs
     rows = [{"prompt": prompt.render(tokenizer, p.question, kwargs), "answer": p.answer, "id": p.id} for p in problems]
     return Dataset.from_list(rows)
@@ -193,10 +196,30 @@ def use_fastgen(recipe: Recipe, trainer: Any, loaded: Any, *, use_vllm: bool) ->
     return True
 
 
+def check_prompt_pool(recipe: Recipe, problems: list[Any], data: str | None) -> None:
+    """Refuse a prompt pool too small for one step: TRL's sampler drops an incomplete batch of prompts, so fewer
+    prompts than a step takes would train 0 steps and still write an adapter (the untrained one)."""
+    g = recipe.grpo
+    needed = g.per_device_train_batch_size * g.gradient_accumulation_steps * ranks.world_size() // g.num_generations
+    if len(problems) < needed:
+        source = f"--data {data}" if data else f"data.train = {recipe.data.train!r}"
+        capped = f" (data.n = {recipe.data.n})" if recipe.data.n is not None else ""
+        raise RlstackError(
+            f"{source} gives {len(problems)} prompt(s){capped}; one GRPO step takes {needed} (grpo."
+            f"per_device_train_batch_size {g.per_device_train_batch_size} x gradient_accumulation_steps "
+            f"{g.gradient_accumulation_steps} x {ranks.world_size()} process(es) / num_generations "
+            f"{g.num_generations})",
+            f"give at least {needed} problems (e.g. --data generated:{max(needed, 100)}), or fewer prompts per step")
+
+
 def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = None,
         adapters_root: Path | None = None, run_dir: Path | None = None, resume: bool = False,
         fp8: bool = False, overwrite: bool = False) -> TrainResult:
+    """Train (or resume, or finish) one run. Everything a user gave is checked before the model loads: the name,
+    the prompt pool, and the run folder's state (train/runs.py), under the run folder's lock."""
     t0 = time.perf_counter()
+    if adapter_name is not None:
+        check_name(adapter_name, "--adapter-name")
     if fp8:  # recorded in the manifest, so evaluation loads the base the same way
         recipe = recipe.model_copy(deep=True)
         recipe.model.load_in_fp8 = True
@@ -214,28 +237,76 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
                                    "pass --adapter-name NAME")
             name = name or f"{recipe.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
             run_dir = runs_root() / name
-    name = name or run_dir.name
+    name = check_name(name or run_dir.name, "adapter name")
     root = adapters_root or adapters.default_root()
-    if (root / name).exists() and not (overwrite or resume):
-        raise adapters.AdapterError(f"adapter {root / name} already exists",
-                                    "pick another --adapter-name, or --overwrite")
-    checkpoint = last_checkpoint(run_dir) if resume else None
-    if resume and checkpoint is None:
-        raise RlstackError(f"--resume: {run_dir} has no checkpoint to resume from",
-                           f"checkpoints are written every grpo.save_steps={recipe.grpo.save_steps} steps")
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise RlstackError(f"{run_dir} already holds a run", "use --resume to continue it, or another --adapter-name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = run_dir / "metrics.jsonl"
-    main = ranks.is_main()  # only rank 0 writes run files and the adapter (train/ranks.py)
-    if main:
-        (run_dir / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
+    from rlstack.payload.data import load_problems
 
+    problems = load_problems(data or recipe.data.train, split=recipe.data.split, n=recipe.data.n,
+                             seed=recipe.data.seed, shuffle=True)
+    check_prompt_pool(recipe, problems, data)
+    main = ranks.is_main()  # only rank 0 writes run files and the adapter (train/ranks.py)
+    held = locking.exclusive(
+        run_dir, f"run folder {shown(run_dir)}",
+        "wait for that training to finish (the lock goes with its process), or train under another --adapter-name",
+    ) if main else contextlib.nullcontext()
+    with held:
+        plan = runs.plan(run_dir, recipe, root / name, resume=resume, overwrite=overwrite)
+        if plan.action == "new" and (root / name).exists() and not overwrite:
+            raise adapters.AdapterError(f"adapter {root / name} already exists",
+                                        "pick another --adapter-name, or --overwrite")
+        if plan.action == "finished":
+            manifest = adapters.verify(root / name) if main else None
+            curve = run_dir / runs.CURVE
+            print(f"rlstack train: {name} finished at step {plan.step} (grpo.max_steps {recipe.grpo.max_steps}): "
+                  "--resume has nothing to do; adapter, checkpoints and metrics are unchanged (pass a larger "
+                  "--max-steps to train further)", file=sys.stderr)
+            return TrainResult(root / name, manifest, run_dir, run_dir / runs.METRICS,
+                               curve if curve.is_file() else None, time.perf_counter() - t0)
+        if not main and plan.action == "adapter-only":
+            return TrainResult(root / name, None, run_dir, run_dir / runs.METRICS, None, time.perf_counter() - t0)
+        if main:
+            if plan.action == "new":
+                runs.clear(run_dir)  # --overwrite of an earlier run; nothing there otherwise
+                with checkpoints.disk_full_guard(run_dir, "writing the run's recipe.json",
+                                                 "free disk space, then run the same command again"):
+                    write_atomic(run_dir / runs.RECIPE, recipe.model_dump_json(indent=2) + "\n")
+            (run_dir / runs.DONE).unlink(missing_ok=True)
+        return _train(recipe, problems, plan, name=name, root=root, run_dir=run_dir, fp8=fp8,
+                      overwrite=overwrite or resume, main=main, t0=t0)
+
+
+def _adapter_from_checkpoint(model: Any, checkpoint: Path) -> None:
+    """Load a sealed checkpoint's LoRA weights into the freshly loaded model (the adapter-only path: the run
+    finished training, its adapter write did not)."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    weights = load_peft_weights(str(checkpoint), device="cpu")
+    result = set_peft_model_state_dict(model, weights)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if not weights or unexpected:
+        raise RlstackError(f"{shown(checkpoint)}: its LoRA weights do not fit the model the recipe loads "
+                           f"({len(weights)} tensors, unexpected: {unexpected[:3]})",
+                           "resume with the run's own recipe, or start a new run")
+
+
+def _train(recipe: Recipe, problems: list[Any], plan: runs.Plan, *, name: str, root: Path, run_dir: Path,
+           fp8: bool, overwrite: bool, main: bool, t0: float) -> TrainResult:
+    metrics_path = run_dir / runs.METRICS
+    checkpoint = plan.checkpoint if plan.action == "resume" else None
     # Load the model first: unsloth must be imported before trl/transformers patch-sensitive modules.
     from rlstack.payload.train.loading import load_for_training
 
     loaded = load_for_training(recipe.model, recipe.lora, fp8=fp8, seed=recipe.grpo.seed,
                                gradient_checkpointing=recipe.grpo.gradient_checkpointing)
+    if plan.action == "adapter-only":
+        assert plan.checkpoint is not None
+        _adapter_from_checkpoint(loaded.model, plan.checkpoint)
+        kept = metrics.truncate_after(metrics_path, plan.step)
+        print(f"rlstack train: {name} finished training at step {plan.step} but its adapter was not written: "
+              f"writing it from {plan.checkpoint.name} ({kept} metric rows), no step trained", file=sys.stderr)
+        return _write_adapter(recipe, loaded, loaded.model, name=name, root=root, run_dir=run_dir,
+                              overwrite=True, t0=t0)
     import torch
 
     from rlstack.payload.train.compat import alias_guided_decoding_params, patch_trl_availability_flags
@@ -246,8 +317,8 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
 
     from rlstack.payload import rewards
 
-    dataset = build_dataset(recipe, loaded.tokenizer, data)
-    config = trainer_config(recipe, loaded, run_dir / "checkpoints")
+    dataset = build_dataset(recipe, loaded.tokenizer, problems)
+    config = trainer_config(recipe, loaded, run_dir / runs.CHECKPOINTS)
     completions_per_step = recipe.grpo.per_device_train_batch_size * recipe.grpo.gradient_accumulation_steps
     from rlstack.core.pkgnames import installed_versions
     from rlstack.payload.train.compat import ZOO_HONOURS_TRUNCATION_MASK, truncation_mask_applies
@@ -262,12 +333,10 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
               f"unsloth_zoo {ZOO_HONOURS_TRUNCATION_MASK})", file=sys.stderr)
     callback = metrics.make_callback(metrics_path, list(recipe.rewards), completions_per_step,
                                      mask_truncated=masks)
-    if checkpoint is not None:
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        if main:
-            kept = metrics.truncate_after(metrics_path, int(state["global_step"]))
-            print(f"rlstack train: resuming {run_dir.name} from {checkpoint.name} ({kept} metric rows kept)",
-                  file=sys.stderr)
+    if checkpoint is not None and main:
+        kept = metrics.truncate_after(metrics_path, plan.step)
+        print(f"rlstack train: resuming {run_dir.name} from {checkpoint.name} ({kept} metric rows kept)",
+              file=sys.stderr)
     torch.manual_seed(recipe.grpo.seed)
     from rlstack.payload.train.compat import ensure_warnings_issued
 
@@ -290,7 +359,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     print(f"rlstack train: {recipe.name}: {loaded.base_model} via {loaded.loader} on {loaded.device}, "
           f"{recipe.grpo.max_steps} steps, {len(dataset)} prompts -> {run_dir}", file=sys.stderr, flush=True)
     if main:
-        checkpoints.quarantine_torn(run_dir / "checkpoints")
+        checkpoints.quarantine_torn(run_dir / runs.CHECKPOINTS)
     with checkpoints.disk_full_guard(
         run_dir, "training (writing a checkpoint or metrics)",
         "free disk space, then run the same command with --resume: it continues from the last sealed checkpoint",
@@ -298,9 +367,16 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if not main:
         return TrainResult(root / name, None, run_dir, metrics_path, None, time.perf_counter() - t0)
+    return _write_adapter(recipe, loaded, trainer.model, name=name, root=root, run_dir=run_dir,
+                          overwrite=overwrite, t0=t0)
 
+
+def _write_adapter(recipe: Recipe, loaded: Any, model: Any, *, name: str, root: Path, run_dir: Path,
+                   overwrite: bool, t0: float) -> TrainResult:
+    """The run's adapter into the store (atomically, with its manifest), its curve, then DONE."""
+    metrics_path = run_dir / runs.METRICS
     rows = metrics.read_rows(metrics_path)
-    png = metrics.plot_rewards(metrics_path, run_dir / "reward_curve.png", list(recipe.rewards),
+    png = metrics.plot_rewards(metrics_path, run_dir / runs.CURVE, list(recipe.rewards),
                                f"{recipe.name}: {loaded.base_model}")
     summary = metrics.summarize(rows, list(recipe.rewards))
     summary["loader"] = loaded.loader
@@ -308,7 +384,7 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
     summary["train_wall_s"] = round(time.perf_counter() - t0, 2)
 
     def fill(folder: Path) -> None:
-        trainer.model.save_pretrained(str(folder))
+        model.save_pretrained(str(folder))
         tokenizer_files.save(loaded.tokenizer, folder)
 
     with checkpoints.disk_full_guard(root, f"writing adapter {name}",
@@ -316,9 +392,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
         manifest = adapters.write_adapter(
             root, name, fill, base_model=loaded.base_model,
             recipe={**recipe.model_dump(mode="json"), "prompt_version": prompt.PROMPT_VERSION},
-            metrics=summary, overwrite=overwrite or resume,
+            metrics=summary, overwrite=overwrite,
         )
-    (run_dir / "DONE").write_text(str(root / name) + "\n")
+        write_atomic(run_dir / runs.DONE, str(root / name) + "\n")
     wall = time.perf_counter() - t0
     print(f"rlstack train: adapter {root / name} (reward {summary.get('reward_first')} -> "
           f"{summary.get('reward_last')}), metrics {metrics_path}, curve {png}", file=sys.stderr)

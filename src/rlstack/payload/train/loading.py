@@ -9,8 +9,10 @@ cheap, and unsloth is imported before transformers/trl when it is used, which it
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlstack.core.errors import RlstackError
@@ -69,7 +71,25 @@ def resolve_base(spec: ModelSpec) -> tuple[str, str]:
 
     if embedded.is_embedded(spec.name):
         return str(embedded.ensure(spec.name)), embedded.lookup(spec.name).name
+    check_model_name(spec.name)
     return spec.name, spec.name
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def check_model_name(name: str) -> None:
+    """A model given as a folder must exist, and anything else must be a hub id ('org/name'), so a typo in a
+    path is reported as the missing folder it is, not as the hub's "repo id must be in the form ..." message."""
+    if Path(name).expanduser().is_dir():
+        return
+    looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
+    if looks_local or not HUB_ID.fullmatch(name) or ".." in name or "--" in name:
+        path = Path(name).expanduser()
+        what = "is a file, not a model folder" if path.is_file() else "does not exist"
+        raise ModelLoadError(f"model folder {name!r} {what}",
+                             "pass an existing folder holding config.json and the weights, a hub id such as "
+                             "Qwen/Qwen3-0.6B, 'tiny' or 'embedded:smollm2-135m'")
 
 
 def check_fp8() -> None:
@@ -214,7 +234,7 @@ def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str,
     try:
         tokenizer = AutoTokenizer.from_pretrained(target)
         model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: huggingface_hub's HFValidationError of a malformed id
         raise ModelLoadError(f"could not load model {target!r}: {str(exc)[:400]}",
                              "offline? set HF_HUB_OFFLINE=1 with a filled HF cache, or use a local folder; to try "
                              "rlstack without a download: --recipe smoke-cpu (a tiny model built locally)") from None

@@ -1,0 +1,82 @@
+"""Inputs refused where they enter, under their own name: recipe numbers, counts given as flags, model folders,
+binary files where text is expected, and the one library warning rlstack silences."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from rlstack.cli import main
+from rlstack.payload import recipes
+from rlstack.payload.train.loading import ModelLoadError, check_model_name
+
+
+@pytest.mark.parametrize(("item", "field", "why"), [
+    ("grpo.learning_rate=inf", "grpo.learning_rate", "finite"), ("grpo.learning_rate=nan", "grpo.learning_rate",
+                                                                 "finite"),
+    ("grpo.learning_rate=0", "grpo.learning_rate", "greater than 0"), ("grpo.temperature=inf", "grpo.temperature",
+                                                                       "finite"),
+    ("grpo.weight_decay=-0.1", "grpo.weight_decay", "greater than or equal to 0"),
+    ("reward_weights=[1.0, inf]", "reward_weights.1", "finite"), ("grpo.max_steps=0", "grpo.max_steps", "greater"),
+])
+def test_numbers_that_cannot_train_are_refused_by_field(item: str, field: str, why: str) -> None:
+    with pytest.raises(recipes.RecipeError) as exc:
+        recipes.load("smoke-cpu", [item])
+    line = next(ln for ln in exc.value.message.splitlines() if ln.strip().startswith(field + ":"))
+    assert why in line and f"(from --set {item})" in line
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["eval", "--model", "tiny", "--batch-size", "0"], "--batch-size"),
+    (["eval", "--model", "tiny", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["eval", "--model", "tiny", "-n", "0"], "-n"),
+    (["compare", "a.json", "b.json", "--iters", "0"], "--iters"),
+])
+def test_counts_below_one_name_their_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert f"'{flag}'" in capsys.readouterr().err
+
+
+def test_a_binary_recipe_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "r.toml"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    with pytest.raises(recipes.RecipeError, match="cannot read the recipe|not valid TOML"):
+        recipes.load(p)
+
+
+def test_a_deeply_nested_recipe_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "r.toml"
+    p.write_text("a = " + "[" * 50_000)
+    with pytest.raises(recipes.RecipeError, match="not valid TOML"):
+        recipes.load(p)
+
+
+@pytest.mark.parametrize("name", ["./models/nope", "/no/such/model", "~/nope/", "a/b/c", "../x", "org/na me"])
+def test_a_missing_model_folder_says_so(name: str) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist") as exc:
+        check_model_name(name)
+    assert "hub id" in str(exc.value.hint)
+
+
+def test_a_model_file_or_folder_or_hub_id(tmp_path: Path) -> None:
+    check_model_name(str(tmp_path))  # an existing folder
+    check_model_name("Qwen/Qwen3-0.6B")  # a hub id: the hub decides
+    check_model_name("gpt2")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ModelLoadError, match="is a file"):
+        check_model_name(str(tmp_path / "f"))
+
+
+def test_only_the_kernels_hub_warning_of_bitsandbytes_is_dropped() -> None:
+    import rlstack.payload  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+
+    def kept(msg: str) -> bool:
+        record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, msg, (), None)
+        return all(f.filter(record) for f in logger.filters)
+
+    assert not kept("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...")
+    assert kept("some other bitsandbytes warning")
