@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -142,7 +143,7 @@ def lookups() -> dict[str, str]:
     get_cuda_version(), torch.utils.cpp_extension's CUDA_HOME. Only for the libraries installed here."""
     found: dict[str, str] = {}
     if _installed("flashinfer-python"):
-        from flashinfer.jit import cpp_ext  # type: ignore[import-not-found]
+        from flashinfer.jit import cpp_ext
 
         try:
             found["flashinfer get_cuda_path()"] = str(cpp_ext.get_cuda_path())
@@ -150,7 +151,7 @@ def lookups() -> dict[str, str]:
             found["flashinfer get_cuda_path()"] = f"error: {exc}"
         found["flashinfer get_cuda_version()"] = str(cpp_ext.get_cuda_version())
     if _installed("torch"):
-        from torch.utils import cpp_extension  # type: ignore[import-not-found]
+        from torch.utils import cpp_extension
 
         found["torch.utils.cpp_extension.CUDA_HOME"] = str(cpp_extension.CUDA_HOME)
     return found
@@ -162,6 +163,37 @@ def _installed(name: str) -> bool:
     except md.PackageNotFoundError:
         return False
     return True
+
+
+KERNEL = """#include <cuda_runtime.h>
+{extra}
+__global__ void rlstack_probe(float* x) {{ {body} }}
+"""
+CUB_KERNEL = ("#include <cub/cub.cuh>",
+              "typedef cub::BlockReduce<float, 128> R; __shared__ typename R::TempStorage t; "
+              "float v = R(t).Sum(x[threadIdx.x]); if (threadIdx.x == 0) x[0] = v;")
+
+
+def compile_probe(home: Path, archs: Iterable[str], workdir: Path) -> str | None:
+    """Compile and link a kernel the way FlashInfer's JIT does (its -isystem folders, -lcudart from lib64), for
+    each of the stack's archs; with CCCL's headers in the toolkit, a cub kernel as FlashInfer's sampling has.
+    Needs no GPU. Returns nvcc's complaint, or None when it built."""
+    has_cub = (home / "include" / "cccl" / "cub").is_dir() or (home / "include" / "cub").is_dir()
+    extra, body = CUB_KERNEL if has_cub else ("", "x[threadIdx.x] += 1.0f;")
+    src = workdir / "rlstack_probe.cu"
+    src.write_text(KERNEL.format(extra=extra, body=body))
+    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+    cmd = [str(home / "bin" / "nvcc"), "-shared", "-Xcompiler", "-fPIC", *gencode, "-isystem", str(home / "include"),
+           "-isystem", str(home / "include" / "cccl"), str(src), f"-L{home / 'lib64'}", "-lcudart",
+           "-o", str(workdir / "rlstack_probe.so")]
+    try:
+        proc = subprocess.run(cmd, text=True, capture_output=True, timeout=600, cwd=workdir)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{' '.join(cmd)}: {exc}"
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+        return f"nvcc could not build a {'cub ' if has_cub else ''}kernel for {' '.join(archs)}: " + " | ".join(tail)
+    return None
 
 
 def check(home: Path, version: str, found: Mapping[str, str], nvcc_says: str | None,
@@ -192,11 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--home", required=True, type=Path)
     c.add_argument("--version", required=True, help="stack.toml [cuda_toolkit] version")
     c.add_argument("--stack", default="?")
+    c.add_argument("--gpu-archs", default="", help="comma-separated: the compile check builds for each")
     args = p.parse_args(argv)
     if args.cmd == "check":
         found = lookups()
         problems = check(args.home, args.version, found, nvcc_release(args.home / "bin" / "nvcc"),
                          shutil.which(os.environ.get("CXX", "c++")))
+        archs = [a for a in re.split(r"[,\s]+", args.gpu_archs) if a]
+        if not problems and archs:
+            with tempfile.TemporaryDirectory(prefix="rlstack-nvcc-") as tmp:
+                complaint = compile_probe(args.home, archs, Path(tmp))
+            if complaint:
+                problems.append(complaint)
         if problems:
             print(f"rlstack image check failed for stack '{args.stack}' (CUDA toolkit):", file=sys.stderr)
             for line in problems:

@@ -21,6 +21,8 @@ ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
 VERSION_RE = re.compile(r"^\d+(\.\d+)*$")
 
 Version = Annotated[str, Field(pattern=r"^\d+(\.\d+)+$")]
+IMAGE_VENV = "/opt/venv"  # the stack's virtual environment in its image (images/Dockerfile)
+DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # debian:*-slim's PATH
 
 
 class _Strict(BaseModel):
@@ -116,6 +118,16 @@ class Stack(_Strict):
     @property
     def cuda_label(self) -> str:
         return self.torch.cuda or "cpu"
+
+    def image_env(self) -> dict[str, str]:
+        """The variables of images/Dockerfile's ENV that decide which CUDA toolkit a JIT compiler finds in this
+        stack's containers (FlashInfer's and torch's lookup: CUDA_HOME, CUDA_PATH, then `which nvcc` over PATH),
+        so that the toolchain probe evaluates that lookup without building the image. PATH is the venv's bin
+        before the Debian base image's own PATH; CUDA_HOME is [cuda_toolkit] home, empty for a stack without a
+        toolkit (the Dockerfile's ENV sets it from a build arg either way). tests/host/test_images.py checks this
+        against the Dockerfile."""
+        return {"PATH": f"{IMAGE_VENV}/bin:{DEBIAN_PATH}", "VIRTUAL_ENV": IMAGE_VENV,
+                "CUDA_HOME": self.cuda_toolkit.home if self.cuda_toolkit else ""}
 
 
 def read_requirement_lines(path: Path) -> list[str]:

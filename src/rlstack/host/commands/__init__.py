@@ -9,7 +9,7 @@ The commands live by what they do, and this package re-exports every one (`comma
 
     aliases      the option aliases several commands share (--stack, --base-image, --ca-cert)
     catalog      stacks, settings, lock
-    images       build, and CI's check-image, image-size, push
+    images       build, rootfs-export, and CI's check-image, image-size, push
     training     train, with its --vllm-server compose run
     incontainer  eval, adapters, shell, runs (and the helpers train shares)
     onhost       smoke, native-stage, matrix: no container
@@ -34,7 +34,7 @@ from rlstack.core.tables import markdown_table
 from rlstack.host.commands.catalog import lock, settings, settings_table, stacks
 from rlstack.host.commands.ci import ci_free_disk, ci_jobs, ci_merge_probes, probe_job
 from rlstack.host.commands.dev import bench, lint, test, typecheck
-from rlstack.host.commands.images import build, check_image, image_size, push
+from rlstack.host.commands.images import build, check_image, image_size, push, rootfs_export
 from rlstack.host.commands.incontainer import adapters, eval_, runs, shell
 from rlstack.host.commands.onhost import matrix, native_stage, smoke
 from rlstack.host.commands.training import train
@@ -44,8 +44,8 @@ from rlstack.probes import commands as probes
 
 __all__ = ["TASKS", "adapters", "bench", "build", "check_image", "ci_free_disk", "ci_jobs", "ci_merge_probes", "docs",
            "eval_", "image_size", "lint", "lock", "matrix", "native_stage", "probe_job", "push", "readme_sections",
-           "runs", "settings", "settings_table", "shell", "smoke", "stacks", "task_name", "tasks_section", "test",
-           "train", "typecheck"]
+           "rootfs_export", "runs", "settings", "settings_table", "shell", "smoke", "stacks", "task_name",
+           "tasks_section", "test", "train", "typecheck"]
 
 
 def docs(check: Annotated[bool, typer.Option(help="fail when a generated README section or page is out of date, "
@@ -73,7 +73,7 @@ def docs(check: Annotated[bool, typer.Option(help="fail when a generated README 
 # also run natively on the host are their own functions (one declaration).
 TASKS: dict[str, list[Callable[..., Any]]] = {
     "": [stacks, settings, lock, docs, build, train, eval_, shell, adapters, runs, payload.compare, smoke,
-         probes.probe, fp8.probe_fp8, probes.diagnose, native_stage, matrix, test, bench],
+         probes.probe, fp8.probe_fp8, probes.diagnose, native_stage, rootfs_export, matrix, test, bench],
     "ci": [ci_jobs, probe_job, ci_merge_probes, ci_free_disk, check_image, image_size, push],
     "dev": [lint, typecheck],
 }

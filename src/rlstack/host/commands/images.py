@@ -62,3 +62,32 @@ def push(
 
     print(images.push(images.require_built(_plan(stack, base_image, ca_cert)), registry))
     return 0
+
+
+def rootfs_export(
+    out: Annotated[str, typer.Option(help="folder for the manifest, parts.json, the parts and rootfs-spec.json")],
+    stack: StackName = "cpu",
+    base_image: BaseImage = None,
+    ca_cert: CaCert = None,
+    host_packages: Annotated[str | None, typer.Option(
+        help="the GPU host's `pip list --format=json`: large files of wheels it has at the same version stay "
+             "out of the parts (copied there after a sha256 check)")] = None,
+    preset: Annotated[int, typer.Option(min=0, max=9, help="xz preset of the parts (higher: fewer parts, slower)")
+                      ] = 1,
+    manifest_only: Annotated[bool, typer.Option(help="write the manifest only (no parts): for a first survey of "
+                                                     "what the GPU host can supply")] = False,
+) -> int:
+    """Export the built image for a GPU host without Docker (run there by rlstack.scripts.rootfs)."""
+    import json
+    from pathlib import Path
+
+    from rlstack.host import images, rootfs
+
+    p = images.require_built(_plan(stack, base_image, ca_cert))
+    dest = Path(out)
+    summary = rootfs.export(p.tag, dest, host_packages=Path(host_packages) if host_packages else None,
+                            preset=preset, manifest_only=manifest_only)
+    spec = rootfs.run_spec(p.stack, p.tag, rootfs.image_config(p.tag))
+    (dest / "rootfs-spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    print(json.dumps(summary))
+    return 0
