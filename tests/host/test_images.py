@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -270,3 +271,45 @@ def test_rlstack_is_built_with_the_hash_locked_backend() -> None:
     assert "--no-deps /opt/rlstack " not in step  # the source folder itself is never handed to the installer
     assert Path("images/build-backend.lock") in images.context_files(ROOT)
     locks.check_build_backend(ROOT)
+
+
+def _runtime_env(dockerfile: str, args: dict[str, str], base_path: str) -> dict[str, str]:
+    """The ENV a container of the runtime stage starts with, as Docker evaluates the Dockerfile: every ENV of
+    the stages it is built FROM (os, then runtime), $VAR / ${VAR} expanded from earlier ENV values and the build
+    args, PATH starting as the base image's."""
+    text = re.sub(r"\\\n", " ", dockerfile)
+    stages: dict[str, list[str]] = {}
+    parent: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        m = re.match(r"FROM (\S+) AS (\w+)", line)
+        if m:
+            current, parent[m[2]] = m[2], m[1]
+            stages[current] = []
+        elif current and line.startswith("ENV "):
+            stages[current].append(line[4:])
+    runtime_chain = ["runtime"]
+    while parent[runtime_chain[0]] in stages:
+        runtime_chain.insert(0, parent[runtime_chain[0]])
+    env = {"PATH": base_path}
+    for stage in runtime_chain:
+        for spec in stages[stage]:
+            for word in shlex.split(spec):
+                key, _, value = word.partition("=")
+                env[key] = re.sub(r"\$\{?(\w+)\}?", lambda v: env.get(v[1], args.get(v[1], "")), value)
+    return env
+
+
+@pytest.mark.parametrize("name", stacks.stack_names())
+def test_image_env_model_is_what_the_dockerfile_sets(name: str) -> None:
+    """Stack.image_env (what the toolchain probe evaluates FlashInfer's toolkit lookup in) against the ENV the
+    Dockerfile gives the runtime stage, with this stack's build args: a change to either side fails here."""
+    from rlstack.stacks import model
+
+    stack = stacks.load_stack(name)
+    dockerfile = (ROOT / "images" / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=debian:", dockerfile, re.M), "the PATH model assumes a Debian base image"
+    env = _runtime_env(dockerfile, images.toolkit_args(stack), model.DEBIAN_PATH)
+    want = stack.image_env()
+    assert {k: env.get(k) for k in want} == want
+    assert "CUDA_PATH" not in env  # FlashInfer reads it when CUDA_HOME is empty

@@ -296,22 +296,29 @@ def test_capture_in_image_and_native(monkeypatch: pytest.MonkeyPatch) -> None:
     locked = parse_locked(stack.lock_file.read_text())
     installed = {n: p.version for n, p in locked.items()}
     monkeypatch.setattr(environment, "_torch_cuda", lambda version: "13.0")
-    monkeypatch.setattr(environment, "_nvcc_on_path", lambda: "13.0.88")
+    # in the image FlashInfer's lookup finds CUDA_HOME's nvcc, a link to the pinned wheel's
+    monkeypatch.setattr(environment, "jit_toolkit", lambda env=None: environment.Found(
+        "/opt/cuda", "CUDA_HOME=/opt/cuda", "/opt/cuda/bin/nvcc", "12.8.61"))
+    monkeypatch.setattr(environment, "wheel_nvcc", lambda package: Path("/opt/cuda/bin/nvcc").resolve())
     monkeypatch.setenv("RLSTACK_STACK", "fp8-report")
     env = environment.capture(stack, locked, installed)
     if sys.version_info[:2] == (3, 11):
         assert env.lock_match and env.deviations == [] and env.where == "image"
-    assert env.toolkit == "12.8.61" and env.toolkit_from == "nvidia-cuda-nvcc-cu12 wheel"
+    assert env.toolkit == "12.8.61" and env.toolkit_from == "/opt/cuda/bin/nvcc (CUDA_HOME=/opt/cuda)"
     assert env.versions["vllm"] == "0.21.0"
     monkeypatch.delenv("RLSTACK_STACK")
     del installed["nvidia-cuda-nvcc-cu12"]
     installed["numpy"] = "2.5.2"
     monkeypatch.setattr(environment, "_torch_cuda", lambda version: "12.8")
+    monkeypatch.setattr(environment, "jit_toolkit", lambda env=None: environment.Found(  # a GPU host's own toolkit
+        "/usr/local/cuda", "no CUDA_HOME, no nvcc on PATH; /usr/local/cuda exists", "/usr/local/cuda/bin/nvcc",
+        "13.0.88"))
     env = environment.capture(stack, locked, installed)
     assert env.where == "native" and not env.lock_match
     assert env.deviations[0] == "torch CUDA 12.8 (stack 13.0)"
     assert "numpy 2.5.2 (lock 2.3.5)" in env.deviations
-    assert "nvcc 13.0.88 from nvcc on PATH (stack 12.8.61)" in env.deviations
+    assert ("nvcc 13.0.88 from /usr/local/cuda/bin/nvcc (no CUDA_HOME, no nvcc on PATH; /usr/local/cuda exists) "
+            "(stack nvidia-cuda-nvcc-cu12 12.8.61)") in env.deviations
     assert env.toolkit == "13.0.88"
 
 

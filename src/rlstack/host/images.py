@@ -163,7 +163,9 @@ def plan(
         created=created if created is not None else datetime.now(UTC).isoformat(timespec="seconds"),
     )
     repo = repo or REPO
-    return BuildPlan(stack=stack, base_image=image, tag=f"{repo}/{stack.name}:{digest[:12]}",
+    tag = f"{repo}/{stack.name}:{digest[:12]}"
+    args["IMAGE"] = tag  # RLSTACK_IMAGE inside: runtime reports say which image they ran in
+    return BuildPlan(stack=stack, base_image=image, tag=tag,
                      latest=f"{repo}/{stack.name}:latest", args=args, ca_cert=cert, no_cache=no_cache, root=base,
                      buildx=buildx, cache=cache or None)
 

@@ -17,9 +17,11 @@ import functools
 import hashlib
 import json
 import platform
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from rlstack.core.errors import LockError, RlstackError
 from rlstack.probes import contract, discover, environment, remote, resolve, runtime, signatures, toolchain
@@ -89,7 +91,7 @@ def rule_members(rule: toolchain.Rule, sources: SourceSet) -> list[tuple[str, st
     arch-list rule the shared library, unless its arch list is already cached (the largest member the probes
     read, ~9 MB: fetched from the start of the probe, its download overlaps the analysis instead of
     following it)."""
-    out = [(rule.source.package, rule.source.file)]
+    out = [(rule.source.package, rule.source.file)] if rule.source is not None else []
     if rule.toolkit_source is not None:
         out.append((rule.toolkit_source.package, rule.toolkit_source.file))
     if rule.kind == "toolkit_torch_major":
@@ -122,6 +124,32 @@ def _prefetching(sources: SourceSet, members: list[tuple[str, str]], fn: Callabl
     return go
 
 
+class _LazyImage:
+    """The image model of one stack (toolchain.read_image), read once, by the first toolchain probe whose result
+    is not cached: its toolkit wheels' directories are a round trip each from a cold cache."""
+
+    def __init__(self, stack: Stack, locked: dict[str, LockedPackage], sources: SourceSet, names: set[str],
+                 toolkit: str | None) -> None:
+        self.args = (stack, locked, sources, names, toolkit)
+        self.lock = threading.Lock()
+        self.image: toolchain.Image | None = None
+
+    def get(self) -> toolchain.Image | None:
+        if not self.args[3]:
+            return None
+        with self.lock:
+            if self.image is None:
+                self.image = toolchain.read_image(*self.args)
+            return self.image
+
+    def evaluate(self, rule: toolchain.Rule, sources: SourceSet, *, in_image: bool, **kw: Any) -> ProbeResult:
+        """toolchain.evaluate with the nvcc the image's JIT finds (none without a model: no toolkit wheel); a
+        rule that does not read the toolkit (`in_image` false) does not wait for the model."""
+        image = self.get() if in_image else None
+        found = image.found() if image is not None else None
+        return toolchain.evaluate(rule, sources, toolkit=found.version if found else None, image=image, **kw)
+
+
 def _unreadable(pid: str, layer: str, package: str, why: str) -> ProbeResult:
     """A probe whose packages are all locked but one of whose wheels cannot be read: it would have decided a
     wall, so it is undecided (never a pass), and the reason says what blocks it and how to fix that."""
@@ -135,7 +163,9 @@ def static_results(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
                    discovered_only: bool = False, any_platform: bool = False) -> list[ProbeResult]:
     """The static layers (resolve, contract, toolchain) for a stack as locked (or as a candidate lock).
     `cases`: the contract cases to check (default contracts.yaml); `discovered_only`: no case data at all,
-    only what discovery finds (rlstack.probes.discover)."""
+    only what discovery finds (rlstack.probes.discover). The toolchain rules read the nvcc the JIT compilers
+    find in the stack's image, modelled from its locked toolkit wheels (toolchain.read_image); `toolkit` replaces
+    the version of the stack's toolkit wheel there (a --suggest candidate's), None keeps the lock's."""
     out: list[ProbeResult] = []
     pending: list[tuple[int, Future[ProbeResult]]] = []
     pool = ThreadPoolExecutor(max_workers=4)
@@ -177,9 +207,17 @@ def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
     for r in rules:
         if toolchain.rule_packages(r) <= set(locked) and archs:
             need |= toolchain.rule_packages(r)
+    # the toolkit the JIT compilers find is evaluated in the image: its ENV and its toolkit wheels' files
+    image_names = toolchain.image_wheels(stack, locked, rules) if rules and archs else set()
+    need |= image_names
     t0 = time.perf_counter()
     before = (remote.TRAFFIC.requests, remote.TRAFFIC.bytes, len(cache.downloaded))
     sources, errors, digests = fetch_sources(stack, need, locked, cache, any_platform=any_platform, prefetch=False)
+    image_bad = sorted(n for n in image_names if n in errors)
+    # the image model is read only when a toolchain result is not cached, beside the other probes
+    image = _LazyImage(stack, locked, sources, image_names, toolkit)
+    image_key = {**toolchain.image_inputs(stack, toolkit), "wheels": {n: digests[n] for n in sorted(image_names)
+                                                                      if n in digests}}
     # each probe reads a few members lazily; run side by side, their round trips overlap
     jobs: list[ProbeResult | Callable[[], ProbeResult]] = []
     pool = ThreadPoolExecutor(max_workers=6)
@@ -210,18 +248,22 @@ def _source_layers(stack: Stack, *, layers: list[str], gpu_arch: str | None, loc
                                         reason=f"not applicable: {', '.join(absent)} not in the {stack.name} lock"))
                 continue
             bad = sorted(p for p in toolchain.rule_packages(r) if p in errors)
+            in_image = r.kind != "torch_arch"  # every other rule reads the toolkit the image's JIT finds
             for arch in archs:
                 aid = pid if gpu_arch else f"{pid}@{arch}"
                 if bad:
                     jobs.append(_unreadable(aid, "toolchain", bad[0], errors[bad[0]]))
                     continue
+                if in_image and image_bad:
+                    jobs.append(_unreadable(aid, "toolchain", image_bad[0], errors[image_bad[0]]))
+                    continue
                 key: dict[str, object] = {
-                    "probe": aid, "rule": r.model_dump(mode="json"), "arch": arch, "toolkit": toolkit,
+                    "probe": aid, "rule": r.model_dump(mode="json"), "arch": arch,
+                    "image": image_key if in_image else None,
                     "torch_cuda": stack.torch.cuda, "torch": digests.get("torch"),
                     "wheels": {p: digests[p] for p in sorted(toolchain.rule_packages(r))}}
-                check = functools.partial(
-                    toolchain.evaluate, r, sources, gpu_arch=arch, toolkit=toolkit, torch_cuda=stack.torch.cuda,
-                    torch_wheel=sources.wheels.get("torch"))
+                check = functools.partial(image.evaluate, r, sources, gpu_arch=arch, torch_cuda=stack.torch.cuda,
+                                          torch_wheel=sources.wheels.get("torch"), in_image=in_image)
                 jobs.append(_cached_probe(key, aid, "toolchain",
                                           _prefetching(sources, rule_members(r, sources), check)))
         futures = [pool.submit(j) if callable(j) else j for j in jobs]
@@ -274,7 +316,7 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
     cache = cache or WheelCache()
     locked = locked_packages(stack)
     toolkit = stack.cuda_toolkit.version if stack.cuda_toolkit else None
-    results = static_results(stack, layers=layers, gpu_arch=gpu_arch, locked=locked, cache=cache, toolkit=toolkit,
+    results = static_results(stack, layers=layers, gpu_arch=gpu_arch, locked=locked, cache=cache, toolkit=None,
                              with_stacks=[load_stack(n) for n in with_stacks or []], fresh=fresh,
                              discovered_only=discovered_only)
     facts: dict[str, str] = {}
@@ -296,7 +338,7 @@ def run(stack_name: str, *, layers: list[str] | None = None, gpu_arch: str | Non
             raise RlstackError(f"unknown runtime probe(s): {', '.join(unknown_probes)}",
                                f"choose from {', '.join(runtime.BODIES)}")
         results += runtime.run_all(fp8=fp8, only=runtime_only or None)
-    host_toolkit = env.toolkit if env is not None else environment.toolkit({})[0]
+    host_toolkit = env.toolkit if env is not None else environment.toolkit()[0]
     results = [signatures.match_result(r) for r in results]
     return ProbeReport(
         stack=stack.name, lock_hash=locks.lock_hash(stack), gpu_arch=gpu_arch or facts.get("arch"),

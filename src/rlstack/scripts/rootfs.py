@@ -205,7 +205,7 @@ def bind_file(src: Path, dest: Path, read_only: bool = False) -> None:
 
 
 def run(root: Path, spec: dict[str, Any], argv: list[str], volumes: Path, binds: list[tuple[str, str]],
-        env: dict[str, str]) -> int:
+        env: dict[str, str], entrypoint: str | None = None) -> int:
     """`argv` in the image at `root`, as `docker run` with the NVIDIA runtime would run it (spec: the image's
     config and rlstack's run options, from rlstack.host.rootfs.run_spec)."""
     if os.geteuid() != 0:
@@ -240,6 +240,9 @@ def run(root: Path, spec: dict[str, Any], argv: list[str], volumes: Path, binds:
         target.mkdir(parents=True, exist_ok=True)
         mount("--bind", str(drv), str(target))
         mount("-o", "remount,bind,ro", str(target))
+        smi = shutil.which("nvidia-smi")  # the NVIDIA runtime's 'utility' capability brings it too
+        if smi:
+            bind_file(Path(smi), root / "usr/bin/nvidia-smi", read_only=True)
     for tmp in spec.get("tmpfs", []):
         mount("-t", "tmpfs", "-o", tmp["options"], "tmpfs", str(root / tmp["path"].lstrip("/")))
     for vol in spec.get("volumes", []):
@@ -268,11 +271,11 @@ def run(root: Path, spec: dict[str, Any], argv: list[str], volumes: Path, binds:
             p for p in (f"{DRIVER_MOUNT}/lib64", full_env.get("LD_LIBRARY_PATH")) if p)
     full_env.update(env)
     user = spec.get("user") or "0:0"
+    entry = [entrypoint] if entrypoint is not None else list(spec["entrypoint"])
     cmd = ["chroot", f"--userspec={user}", str(root), "/usr/bin/env", "-i",
            *(f"{k}={v}" for k, v in sorted(full_env.items())),
-           "/bin/sh", "-c", 'cd "$0" && exec "$@"', spec.get("workdir") or "/", *spec["entrypoint"], *argv]
-    print(f"rlstack rootfs: {manifest_label(root)} as {user}: {' '.join(spec['entrypoint'] + argv)}",
-          file=sys.stderr, flush=True)
+           "/bin/sh", "-c", 'cd "$0" && exec "$@"', spec.get("workdir") or "/", *entry, *argv]
+    print(f"rlstack rootfs: {manifest_label(root)} as {user}: {' '.join(entry + argv)}", file=sys.stderr, flush=True)
     return subprocess.run(cmd).returncode
 
 
@@ -301,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--volumes", type=Path, required=True, help="host folder holding one folder per named volume")
     r.add_argument("--bind", action="append", default=[], help="HOST:TARGET, read-only (inputs, scripts)")
     r.add_argument("--env", action="append", default=[], help="NAME=VALUE added to the image's environment")
+    r.add_argument("--entrypoint", help="run this instead of the image's entrypoint (as docker run --entrypoint)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     try:
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         binds = [(b.split(":", 1)[0], b.split(":", 1)[-1]) for b in args.bind]
         env = dict(e.split("=", 1) for e in args.env)
-        return run(args.root, json.loads(args.spec.read_text()), rest, args.volumes, binds, env)
+        return run(args.root, json.loads(args.spec.read_text()), rest, args.volumes, binds, env, args.entrypoint)
     except NativeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A stack's IMAGE on a GPU host without Docker or network (rlstack.scripts.rootfs): carry the export's parts one
+# call at a time, assemble the image's tree once, then run jobs in it detached (a call ends at 600 s).
+#
+#   here:  invoke rootfs-export --stack fp8 --out .stage/rootfs/fp8-a --host-packages HOST.json
+#          (a rebuilt image later: --out .stage/rootfs/fp8-b --previous .stage/rootfs/fp8-a: rlstack's files only)
+#   there: bash bench/transport/image_run.sh stash .stage/rootfs/fp8-a       # each call, carrying what fits
+#          bash bench/transport/image_run.sh assemble fp8 fp8-a fp8-b        # the last export's manifest and spec
+#          bash bench/transport/image_run.sh bg fp8 JOB.sh                   # JOB.sh calls "$RUN" per step
+#          bash bench/transport/image_run.sh wait fp8 [SECONDS]              # again until the job has ended
+#
+# Everything lives under /root/stash (it outlives a call, not the lease). Each job's log, timeline and the
+# files it leaves in $STASH/out come back through $OUT.
+set -euo pipefail
+STASH=/root/stash
+mode=${1:?usage: image_run.sh stash DIR... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS]}
+shift
+site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
+case "$mode" in
+  stash)
+    for d in "$@"; do mkdir -p "$STASH/$(basename "$d")" && cp -a "$d"/. "$STASH/$(basename "$d")/"; done
+    du -sh "$STASH"/* | tail -20 ;;
+  assemble)
+    stack=$1; shift
+    parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done
+    last=$STASH/${!#}
+    start=$(date +%s)
+    PYTHONPATH=src python3 -m rlstack.scripts.rootfs assemble --manifest "$last/rootfs-manifest.json.gz" \
+      "${parts[@]}" --root "$STASH/root-$stack" --host-site "$(site)"
+    cp "$last/rootfs-spec.json" "$STASH/spec-$stack.json"
+    echo "assembled in $(( $(date +%s) - start )) s" ;;
+  bg)
+    stack=$1 job=$2 tree=$STASH/tree-$1
+    rm -rf "$tree" && mkdir -p "$tree" "$STASH/out" && cp -a src bench recipes "$tree/"
+    cp "$job" "$STASH/job-$stack.sh"
+    {
+      echo "export PYTHONPATH=$tree/src STASH=$STASH O=$STASH/out"
+      echo "export RUN=\"python3 -m rlstack.scripts.rootfs run --root $STASH/root-$stack --spec $STASH/spec-$stack.json" \
+           "--volumes $STASH/vol --bind $tree/bench:/opt/rlstack/bench\""
+    } > "$STASH/env-$stack.sh"
+    rm -f "$STASH/out/job-$stack.rc"
+    (cd "$tree" && setsid nohup bash -c "source $STASH/env-$stack.sh; bash $STASH/job-$stack.sh \
+      > $STASH/out/job-$stack.log 2>&1; echo \$? > $STASH/out/job-$stack.rc" >/dev/null 2>&1 &)
+    echo "started $job for $stack" ;;
+  wait)
+    stack=$1 secs=${2:-540}
+    for _ in $(seq 1 $(( secs / 10 ))); do [ -f "$STASH/out/job-$stack.rc" ] && break; sleep 10; done
+    tail -12 "$STASH/out/timeline" 2>/dev/null || true
+    tail -25 "$STASH/out/job-$stack.log" 2>/dev/null || true
+    if [ -f "$STASH/out/job-$stack.rc" ]; then echo "job $stack ended: rc $(cat "$STASH/out/job-$stack.rc")"
+    else echo "job $stack still running"; fi
+    if [ -n "${OUT:-}" ]; then
+      find "$STASH/out" -maxdepth 1 -type f -size -16M \( -name '*.json' -o -name '*.png' -o -name timeline \) \
+        | head -8 | xargs -r cp -t "$OUT" || true
+    fi ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
