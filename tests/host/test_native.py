@@ -301,12 +301,15 @@ def test_capture_in_image_and_native(monkeypatch: pytest.MonkeyPatch) -> None:
         "/opt/cuda", "CUDA_HOME=/opt/cuda", "/opt/cuda/bin/nvcc", "12.8.61"))
     monkeypatch.setattr(environment, "wheel_nvcc", lambda package: Path("/opt/cuda/bin/nvcc").resolve())
     monkeypatch.setenv("RLSTACK_STACK", "fp8-report")
+    monkeypatch.setenv("RLSTACK_IMAGE", "rlstack/fp8-report:0123456789ab")
     env = environment.capture(stack, locked, installed)
+    assert env.image == "rlstack/fp8-report:0123456789ab"  # the matrix says which image ran
     if sys.version_info[:2] == (3, 11):
         assert env.lock_match and env.deviations == [] and env.where == "image"
     assert env.toolkit == "12.8.61" and env.toolkit_from == "/opt/cuda/bin/nvcc (CUDA_HOME=/opt/cuda)"
     assert env.versions["vllm"] == "0.21.0"
     monkeypatch.delenv("RLSTACK_STACK")
+    monkeypatch.delenv("RLSTACK_IMAGE")
     del installed["nvidia-cuda-nvcc-cu12"]
     installed["numpy"] = "2.5.2"
     monkeypatch.setattr(environment, "_torch_cuda", lambda version: "12.8")

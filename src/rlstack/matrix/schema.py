@@ -150,7 +150,9 @@ def derive_decided(source: str, probes: Iterable[Any], environment: Any) -> Deci
     if where not in ("image", "native"):
         return Decided(how="runtime")
     devs = _get(environment, "deviations")
-    return Decided(how="runtime", where=where, deviations=[str(d) for d in devs] if isinstance(devs, list) else [])
+    image = _get(environment, "image") if where == "image" else None
+    return Decided(how="runtime", where=where, image=image if isinstance(image, str) and image else None,
+                   deviations=[str(d) for d in devs] if isinstance(devs, list) else [])
 
 
 class Row(BaseModel):

@@ -198,7 +198,9 @@ def capture(stack: Stack, locked: dict[str, LockedPackage], installed: dict[str,
             devs.append(dev)
     in_image = os.environ.get("RLSTACK_STACK") == stack.name
     versions = {n: installed.get(normalize(n), "missing") for n in ("torch", *stack.key_packages)}
-    return Environment(where="image" if in_image else "native", python=python, executable=sys.executable,
+    return Environment(where="image" if in_image else "native",
+                       image=os.environ.get("RLSTACK_IMAGE") or None if in_image else None,
+                       python=python, executable=sys.executable,
                        torch=torch, torch_cuda=torch_cuda, toolkit=tk, toolkit_from=tk_from, versions=versions,
                        lock_match=not devs, deviations=devs,
                        fingerprint=fingerprint(python, torch_cuda, locked, installed))

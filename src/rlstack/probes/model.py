@@ -58,6 +58,7 @@ class Environment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     where: Literal["image", "native"]
+    image: str | None = Field(None, description="the image's tag (RLSTACK_IMAGE) when where is 'image'")
     python: str
     executable: str = ""
     torch: str | None = None
