@@ -27,7 +27,7 @@ from rlstack.scripts.rootfs import MANIFEST
 from rlstack.stacks.model import Stack
 
 HOST_MIN_BYTES = 1 << 20  # smaller files travel: cheap, and fewer host lookups
-PART_BYTES = 60 << 20  # under the GPU lender's 64 MiB a call, with room for the working tree
+PART_BYTES = 55 << 20  # under the GPU lender's 64 MiB a call, with room for a working tree of ~8 MB
 # Lists every distribution of the image with its wheel tags and files (run inside the image, its own Python).
 LIST_DISTS = """
 import importlib.metadata as md, json, sys
@@ -173,6 +173,41 @@ def _entry(m: tarfile.TarInfo, image: tarfile.TarFile, blobs: tarfile.TarFile, s
         blobs.addfile(info, io.BytesIO(data))
         stats["shipped_bytes"] += m.size
     return ["f", path, m.mode, m.uid, m.gid, m.size, digest, ""]
+
+
+def repartition(folder: Path, part_bytes: int) -> int:
+    """Cut an export's xz parts again into parts of at most part_bytes, at xz stream edges (a part is whole
+    streams: XzParts), rewriting parts.json; for a call whose working tree leaves less room than planned.
+    The joined stream, and so tar_sha256, is unchanged. Returns the number of parts."""
+    import hashlib
+    import lzma
+
+    index = json.loads((folder / "parts.json").read_text())
+    streams: list[tuple[bytes, int]] = []  # (compressed stream, its raw size)
+    for part in index["parts"]:
+        data = (folder / part["name"]).read_bytes()
+        while data:
+            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+            raw = len(dec.decompress(data))
+            used = len(data) - len(dec.unused_data)
+            streams.append((data[:used], raw))
+            data = dec.unused_data
+        (folder / part["name"]).unlink()
+    parts: list[dict[str, Any]] = []
+    buf, raw_size = bytearray(), 0
+    for comp, raw in [*streams, (b"", -1)]:
+        if buf and (raw < 0 or len(buf) + len(comp) > part_bytes):
+            name = f"part-{len(parts):03d}"
+            (folder / name).write_bytes(buf)
+            parts.append({"name": name, "sha256": hashlib.sha256(buf).hexdigest(), "size": len(buf),
+                          "raw_size": raw_size})
+            buf, raw_size = bytearray(), 0
+        if raw >= 0:
+            buf += comp
+            raw_size += raw
+    index["parts"] = parts
+    (folder / "parts.json").write_text(json.dumps(index, indent=1) + "\n")
+    return len(parts)
 
 
 def run_spec(stack: Stack, tag: str, config: dict[str, Any]) -> dict[str, Any]:
