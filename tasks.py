@@ -21,7 +21,7 @@ from invoke import Argument, Collection, Context, Exit, Task
 sys.path.insert(0, "src")  # so `invoke` works from a checkout before `pip install -e .`
 
 from rlstack.core import options
-from rlstack.core.errors import RlstackError
+from rlstack.core.errors import RlstackError, as_disk_full
 from rlstack.host.commands import TASKS, task_name
 
 
@@ -55,6 +55,12 @@ class CommandTask(Task):
                 rc = options.run(options.command(fn), options.argv_for(fn, values)[1:], prog)
             except RlstackError as exc:
                 raise Exit(f"rlstack: error: {exc}", code=exc.exit_code) from None
+            except Exception as exc:  # a full disk no nearer code named (a matrix, a page): exit 28, as rlstack's
+                full = as_disk_full(exc)
+                if full is None:
+                    raise
+                options.quiet_stdout()
+                raise Exit(f"rlstack: error: {full}", code=full.exit_code) from None
             if rc:
                 raise Exit(code=rc)
 

@@ -18,7 +18,7 @@ import typer
 
 from rlstack import __version__
 from rlstack.core import options
-from rlstack.core.errors import RlstackError
+from rlstack.core.errors import RlstackError, as_disk_full
 
 PROG = "rlstack"
 
@@ -84,6 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlstack: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk wherever no nearer code named it (output, a report): exit 28
+        full = as_disk_full(exc)
+        if full is None:
+            raise
+        options.quiet_stdout()
+        print(f"rlstack: error: {full}", file=sys.stderr)
+        return full.exit_code
 
 
 if __name__ == "__main__":

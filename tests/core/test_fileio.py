@@ -46,3 +46,20 @@ def test_wheel_record_parse_and_digest() -> None:
     assert wheelrecord.parse(text) == {"pkg/a.py": ("sha256", digest), "pkg/b,c.py": ("sha256", "AAA"),
                                        "pkg-1.dist-info/RECORD": ("", "")}
     assert "=" not in digest and len(digest) == 43
+
+
+def test_check_folder_refuses_files_in_the_way_and_creates_nothing(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    assert fileio.check_folder(tmp_path / "new" / "deeper", "--output") == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()
+    for bad in (tmp_path / "f", tmp_path / "f" / "under"):
+        with pytest.raises(fileio.FolderError, match="--output .* is not a folder"):
+            fileio.check_folder(bad, "--output")
+    with pytest.raises(fileio.FolderError, match="not a usable path"):
+        fileio.check_folder(tmp_path / ("x" * 300) / "y", "--output")
+
+
+def test_check_folder_refuses_a_folder_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # a read-only file system, as root sees one too
+    with pytest.raises(fileio.FolderError, match="cannot write"):
+        fileio.check_folder(tmp_path / "run", "--output")

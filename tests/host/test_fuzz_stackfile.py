@@ -52,3 +52,16 @@ def test_wrong_types(tmp_path: Path, key: str, value: object) -> None:
     lines = [ln for ln in REAL.splitlines() if not ln.startswith(f"{key} =")]
     lines.insert(0, f"{key} = {json.dumps(value)}")
     _check(tmp_path, "\n".join(lines) + "\n")
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=400))
+def test_any_bytes(tmp_path: Path, data: bytes) -> None:
+    """Binary or non-UTF-8 bytes as a stack file: a StackFileError that names the file, never a traceback."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    (folder / "stack.toml").write_bytes(data)
+    try:
+        stacks.load_stack_file(folder / "stack.toml")
+    except StackFileError as exc:
+        assert "stack.toml" in str(exc)

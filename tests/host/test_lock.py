@@ -315,6 +315,15 @@ def test_layout_and_annotations_do_not_count(stack_tree: Path) -> None:
     locks.check(cpu)
 
 
+@pytest.mark.parametrize("added", ["this is not a requirement line\n", "--index-url https://evil.example/simple\n"])
+def test_text_outside_every_pin_is_an_edit_though_the_digest_holds(stack_tree: Path, added: str) -> None:
+    """The digest seals the entries, so a line that is none passed as 'lock ok'; pip would read it."""
+    cpu, _ = _edit_cpu_lock(lambda t: t + added)
+    with pytest.raises(locks.EditedLockError, match="lines that are no pin, hash or comment") as exc:
+        locks.check(cpu)
+    assert added.strip()[:40] in str(exc.value)
+
+
 def test_binary_lock_is_a_clear_error(stack_tree: Path) -> None:
     cpu = stacks.load_stack("cpu")
     cpu.lock_file.write_bytes(b"\x00\x9a\xff" * 50)

@@ -84,3 +84,10 @@ def test_host_eval_names_its_run_folder_safely(stack_tree: Path, tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     commands.eval_(stack="cpu", model="embedded:smollm2-135m")
     assert seen and seen[0].startswith("eval/embedded-smollm2-135m-")
+
+
+@pytest.mark.parametrize("name", ["", "x" * 300, "two words", "-rf"])
+def test_host_eval_refuses_a_bad_adapter_name_before_any_work(no_engine: None, name: str) -> None:
+    """They reached Docker (an image build, a container) before the stack refused them."""
+    with pytest.raises(InvalidNameError, match="--adapter"):
+        commands.eval_(stack="cpu", adapter=name)

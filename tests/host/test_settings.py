@@ -22,7 +22,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_precedence_and_persistence(clean_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("pem\n")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     assert settings.lookup("base_image").source == "default"
     path = settings.store({"base_image": "local/base:1", "ca_cert": str(ca)})
     assert "base_image: local/base:1" in path.read_text()
@@ -41,6 +41,10 @@ def test_bad_values_are_refused(clean_env: None, tmp_path: Path) -> None:
         settings.store({"ca_cert": str(tmp_path / "missing.pem")})
     with pytest.raises(settings.SettingsError, match="unknown setting"):
         settings.store({"colour": "blue"})
+    (tmp_path / "noise.pem").write_bytes(bytes(range(256)))  # it was stored, and broke every build's TLS later
+    with pytest.raises(settings.SettingsError, match="holds no PEM certificate"):
+        settings.store({"ca_cert": str(tmp_path / "noise.pem")})
+    assert not settings.config_path().exists() or "noise" not in settings.config_path().read_text()
     settings.config_path().write_text("rlstack: [1, 2]\n")
     with pytest.raises(settings.SettingsError, match="expected a mapping"):
         settings.lookup("docker")

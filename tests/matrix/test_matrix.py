@@ -545,3 +545,15 @@ def test_current_locks_lead_and_older_locks_are_folded() -> None:
     assert "No result yet at the current lock of: cpu" in md
     page = render.render_html(m, current)
     assert page.index("cdcdcdcdcdcd") < page.index("<details class='older'>") < page.index("abababababab")
+
+
+def test_a_matrix_file_with_no_readme_beside_it_is_refused_before_the_merge(tmp_path: Path) -> None:
+    """`invoke matrix --file elsewhere/m.yaml` merged, then ended in a FileNotFoundError traceback on README.md."""
+    m = schema.Matrix(rows=[schema.row_from_report(report(lock=render.current_locks()["fp8"]))])
+    path = tmp_path / "m.yaml"
+    store.write(m, path)
+    before = path.read_bytes()
+    with pytest.raises(schema.MatrixError, match="--no-readme"):
+        publish_matrix([], path, drop=["fp8"])
+    assert path.read_bytes() == before
+    publish_matrix([], path, readme=False)

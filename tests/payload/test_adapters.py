@@ -238,6 +238,20 @@ def test_find_adapter_by_name_and_path(tmp_path: Path) -> None:
         adapters.find_adapter("zzz", root=tmp_path)
 
 
+@pytest.mark.parametrize("spec", ["a" * 300, "my adapter", "-rf", "módel"])
+def test_find_adapter_checks_a_name_before_it_becomes_a_path(tmp_path: Path, spec: str) -> None:
+    """A name past the file system's limit was an OSError traceback from is_dir (`eval --adapter aaa...`)."""
+    from rlstack.core.names import InvalidNameError
+
+    with pytest.raises(InvalidNameError, match="--adapter"):
+        adapters.find_adapter(spec, root=tmp_path)
+
+
+def test_find_adapter_path_past_the_name_limit_is_not_found(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match="not found"):
+        adapters.find_adapter(str(tmp_path / ("b" * 300) / "x"), root=tmp_path)
+
+
 def test_lock_hash_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLSTACK_LOCK_HASH", "deadbeef")
     assert adapters.resolve_lock_hash() == "deadbeef"

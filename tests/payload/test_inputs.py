@@ -20,6 +20,7 @@ from rlstack.payload.train.loading import ModelLoadError, check_model_name
                                                                        "finite"),
     ("grpo.weight_decay=-0.1", "grpo.weight_decay", "greater than or equal to 0"),
     ("reward_weights=[1.0, inf]", "reward_weights.1", "finite"), ("grpo.max_steps=0", "grpo.max_steps", "greater"),
+    ("grpo.max_steps=99999999999999999999", "grpo.max_steps", "less than or equal"),
 ])
 def test_numbers_that_cannot_train_are_refused_by_field(item: str, field: str, why: str) -> None:
     with pytest.raises(recipes.RecipeError) as exc:
@@ -33,6 +34,7 @@ def test_numbers_that_cannot_train_are_refused_by_field(item: str, field: str, w
     (["eval", "--model", "tiny", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["eval", "--model", "tiny", "-n", "0"], "-n"),
     (["compare", "a.json", "b.json", "--iters", "0"], "--iters"),
+    (["train", "--max-steps", "99999999999999999999"], "--max-steps"),  # it trained until killed
 ])
 def test_counts_below_one_name_their_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -61,7 +63,8 @@ def test_a_missing_model_folder_says_so(name: str) -> None:
 
 
 def test_a_model_file_or_folder_or_hub_id(tmp_path: Path) -> None:
-    check_model_name(str(tmp_path))  # an existing folder
+    (tmp_path / "config.json").write_text("{}")
+    check_model_name(str(tmp_path))  # an existing model folder
     check_model_name("Qwen/Qwen3-0.6B")  # a hub id: the hub decides
     check_model_name("gpt2")
     (tmp_path / "f").write_text("x")
@@ -80,3 +83,40 @@ def test_only_the_kernels_hub_warning_of_bitsandbytes_is_dropped() -> None:
 
     assert not kept("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...")
     assert kept("some other bitsandbytes warning")
+
+
+def test_a_folder_without_config_json_is_no_model_folder(tmp_path: Path) -> None:
+    """An empty folder as --model reached transformers and ended in its traceback."""
+    with pytest.raises(ModelLoadError, match="holds no config.json"):
+        check_model_name(str(tmp_path))
+
+
+@pytest.mark.parametrize("flag", ["--output", "--adapters-root"])
+def test_train_refuses_a_file_where_a_folder_belongs_before_any_work(
+        tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--output on a file was a FileExistsError traceback after the model loaded; --adapters-root on a file
+    trained the whole run first."""
+    from rlstack.payload import data
+
+    monkeypatch.setattr(data, "load_problems", lambda *a, **k: pytest.fail("work started"))
+    (tmp_path / "f").write_text("x")
+    folders = {"--output": str(tmp_path / "run"), "--adapters-root": str(tmp_path / "ad"), flag: str(tmp_path / "f")}
+    argv = ["train", "--recipe", "smoke-cpu", "--adapter-name", "n", *[x for kv in folders.items() for x in kv]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} " in err and "is not a folder" in err and "Traceback" not in err
+
+
+def test_eval_refuses_an_output_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "f").write_text("x")
+    argv = ["eval", "--model", "tiny", "--recipe", "smoke-cpu", "--data", "generated:2", "-n", "2", "--output",
+            str(tmp_path / "f")]
+    assert main(argv) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_adapters_refuses_a_store_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file as --root was listed as an empty store, exit 0."""
+    (tmp_path / "f").write_text("x")
+    assert main(["adapters", "--root", str(tmp_path / "f")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

@@ -71,6 +71,15 @@ def test_rescore_uses_current_extractor(tmp_path: Path) -> None:
     assert json.loads(res.with_name("results.rescored.json").read_text())["correct"] == 2
 
 
+def test_rescore_output_that_is_a_folder_is_refused_before_reading(tmp_path: Path) -> None:
+    """`rescore G --output DIR` was an IsADirectoryError traceback after the scoring."""
+    from rlstack.core.fileio import FolderError
+
+    gen = _results(tmp_path, "r", [True]).with_name("generations.jsonl")
+    with pytest.raises(FolderError, match="--output .* is a folder, not a file"):
+        scoring.rescore(gen, tmp_path)
+
+
 def test_rescore_bad_line(tmp_path: Path) -> None:
     p = tmp_path / "g.jsonl"
     p.write_text('{"id": "a", "generation": "x", "reference": "1"}\n{"id": 1}\n')

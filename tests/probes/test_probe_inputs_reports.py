@@ -91,6 +91,15 @@ def test_diagnose_refuses_folders_and_binary_files(tmp_path: Path, capsys: pytes
     assert "no known failure signature" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("arch", ["foo;rm", "sm_", "90", "sm_90 ", "SM_90", ""])
+def test_probe_refuses_a_gpu_arch_that_is_no_arch_before_probing(arch: str) -> None:
+    """`--gpu-arch 'foo;rm'` used to pass every static probe (exit 0) or be reported as a wall."""
+    from rlstack.core.options import UsageError
+
+    with pytest.raises(UsageError, match="is not a GPU arch"):
+        commands.probe(stack="cpu", gpu_arch=arch, layer="resolve")
+
+
 # --- the probes refuse an edited lock ------------------------------------------------------------------------
 
 
@@ -140,3 +149,16 @@ def test_a_report_with_any_field_replaced(tmp_path: Path, field: str, value: obj
     else:
         data[field] = value
     _read(_write(tmp_path, "r.json", json.dumps(data).encode()))
+
+
+def test_a_pipe_is_no_log_and_a_folder_is_no_output(tmp_path: Path) -> None:
+    """`diagnose FIFO` waited forever for a writer; `probe -o DIR` was an IsADirectoryError traceback."""
+    import os
+
+    from rlstack.core.fileio import FolderError
+
+    os.mkfifo(tmp_path / "fifo.log")
+    with pytest.raises(RlstackError, match="not a regular file"):
+        commands.diagnose(str(tmp_path / "fifo.log"))
+    with pytest.raises(FolderError, match="is a folder, not a file"):
+        commands.write_report(GOOD, tmp_path)

@@ -9,6 +9,13 @@ import shutil
 import threading
 from pathlib import Path
 
+from rlstack.core.errors import RlstackError
+
+
+class FolderError(RlstackError):
+    """A folder the user named (a run's --output, an adapter store) that cannot be one: a file is in its place or
+    in its path, or it cannot be created or written (a read-only file system)."""
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -36,6 +43,39 @@ def swap_in(new: Path, dest: Path) -> Path:
     os.replace(new, dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def check_folder(path: Path, what: str) -> Path:
+    """`path` when it is a folder this process can write, or one it can create (creating nothing); else a
+    FolderError that names it under `what`, the flag it came from. Checked before a command starts its work, so
+    a file where a folder belongs, or a read-only file system, is refused at once rather than after a training
+    as a FileExistsError traceback."""
+    existing = Path("/")
+    for existing in (path, *path.parents):  # the nearest part of the path that is there
+        try:
+            os.lstat(existing)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:  # a name past the file system's limit, a loop of links
+            raise FolderError(f"{what} {path}: not a usable path ({exc.strerror or exc})",
+                              "pass a shorter path, with no loop of links") from None
+    if not existing.is_dir():
+        raise FolderError(f"{what} {path} is not a folder: {existing} is a file",
+                          "pass a folder (one that does not exist yet is created)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise FolderError(f"{what} {path}: cannot write in {existing} (read-only, or not yours)",
+                          "pass a folder on a file system you can write to")
+    return path
+
+
+def check_output_file(path: Path, what: str) -> Path:
+    """`path` when a file can be written there (what is there is a file, or nothing, in a writable folder);
+    else a FolderError under `what`: a folder in its place was an IsADirectoryError traceback from the rename."""
+    if path.is_dir():
+        raise FolderError(f"{what} {path} is a folder, not a file", f"name a file, e.g. {path / 'out.json'}")
+    check_folder(path.parent, what)
+    return path
 
 
 def write_atomic(path: Path, text: str) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -81,6 +82,18 @@ def help_text(p: Any) -> str:
     """A parameter's help with its real default, as `invoke --help TASK` shows it."""
     default = shown_default(p)
     return f"{p.help} (default: {default})" if default is not None else str(p.help)
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null after a write to it failed (a full disk, a closed pipe), so the interpreter's
+    own flush at exit does not fail a second time with an 'Exception ignored' trace after the clean message."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to quiet
+        pass
 
 
 def run(cmd: Any, argv: Sequence[str], prog: str) -> int:

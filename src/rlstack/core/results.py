@@ -43,6 +43,7 @@ QUESTIONS: dict[str, str] = {
     "image-builds": "Image builds",
     "evaluation": "Evaluation throughput",
     "staging": "Carrying a lock to a GPU host without network",
+    "reliability": "Bad inputs: what each command line does with them",
 }
 
 

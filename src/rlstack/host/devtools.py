@@ -54,6 +54,9 @@ BENCHMARKS: dict[str, str] = {
     "probe_fp8": "invoke probe-fp8, cold and warm, no GPU",
     "probe_mutation": "mutation testing of the probes' discovery: can each check fail?",
     "image_build": "image builds from an empty builder cache, and rebuilds",
+    "jit_cold_start": "FlashInfer's JIT from a cold cache in a stack's image: the nvcc it ran, the build time",
+    "image_staging": "GPU-host seconds to get a stack's image running on a host without Docker (from a lease's calls)",
+    "input_campaign": "bad inputs to every CPU command line: tracebacks, silent acceptances, data lost",
 }
 
 

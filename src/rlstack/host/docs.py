@@ -183,6 +183,12 @@ def publish_matrix(files: list[Path], path: Path | None = None, *, init: bool = 
     from rlstack.matrix import render, store
 
     path = path or store.matrix_path()
+    readme_path = path.parent / "README.md"
+    if readme and not readme_path.is_file():  # refused before the merge, not as a traceback after it
+        from rlstack.matrix.schema import MatrixError
+
+        raise MatrixError(f"no README.md beside {path} to render the matrix section into",
+                          "pass --no-readme for a matrix file outside the project")
     if files or drop:
         m, dropped, not_taken = store.merge(files, path, init=init, drop=drop or [])
         for r in dropped:
@@ -201,7 +207,6 @@ def publish_matrix(files: list[Path], path: Path | None = None, *, init: bool = 
     page.parent.mkdir(parents=True, exist_ok=True)
     print(f"wrote {write_atomic(page, render.render_html(m))}")
     if readme:
-        readme_path = path.parent / "README.md"
         text = readme_path.read_text()
         new = replace_section(text, "compat-matrix", render.render_markdown(m))
         if new != text:

@@ -116,13 +116,14 @@ def build_args(stack: Stack, base_image: str, *, git_rev: str = "unknown", creat
 
 
 def toolkit_args(stack: Stack) -> dict[str, str]:
-    """The CUDA toolkit folder's ARGs (images/Dockerfile, rlstack.scripts.cuda_toolkit); empty for a stack
-    without one, which then gets neither the folder nor a host compiler."""
+    """The CUDA toolkit folder's ARGs (images/Dockerfile, rlstack.scripts.cuda_toolkit), and the Debian packages
+    the JIT compilers of a GPU stack call at run time (a compiler; Python's headers, for Triton's launcher)."""
+    jit = "g++ python3-dev" if stack.gpu_required else ""
     tk = stack.cuda_toolkit
     if tk is None:
-        return {"CUDA_TOOLKIT_PACKAGE": "", "CUDA_TOOLKIT_VERSION": "", "CUDA_HOME": "", "HOST_COMPILER": ""}
+        return {"CUDA_TOOLKIT_PACKAGE": "", "CUDA_TOOLKIT_VERSION": "", "CUDA_HOME": "", "JIT_TOOLS": jit}
     return {"CUDA_TOOLKIT_PACKAGE": tk.package, "CUDA_TOOLKIT_VERSION": tk.version, "CUDA_HOME": tk.home,
-            "HOST_COMPILER": "g++"}
+            "JIT_TOOLS": jit}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ measured and recorded by the runtime report itself (rlstack.probes.environment),
 Carrying costs device time per part, so by default (`compress="xz"`) each wheel is first rewritten as a stored
 (uncompressed) zip with byte-identical members, every member checked against the wheel's RECORD, and the tar
 of those is xz-compressed: xz finds far more in CUDA libraries than the wheels' own per-member deflate
-(bench/results/stage_compression.md). The tar is compressed in independent blocks, in parallel, and parts are
+(bench/results/archive/stage_compression.md). The tar is compressed in independent blocks, in parallel, and parts are
 cut by compressed size at block edges, so each part is a whole xz file the GPU host decompresses on its own,
 all parts at once. `compress="none"` keeps the plain format: the tar of the original wheels, cut by size.
 
@@ -45,7 +45,7 @@ from rlstack.core.pkgnames import normalize, public_version
 from rlstack.scripts.native_install import CHUNK, MANIFEST, PARTS_FILE, NativeError, workers
 
 COMPRESS = ("xz", "none")
-# xz preset and block (parts and times of each: bench/results/stage_compression.md): preset 0 already stages in
+# xz preset and block (parts and times of each: bench/results/archive/stage_compression.md): preset 0 already stages in
 # fewer parts than no compression, and preset 1's few percent fewer bytes take longer on a 2-core host
 # (`--xz-preset` trades host minutes for parts). Independent 2 MiB blocks cost little against one stream and end a
 # part within one block of its limit.

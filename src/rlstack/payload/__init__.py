@@ -2,6 +2,10 @@
 
 import logging
 
+# A bound on GRPO steps, for --max-steps and the recipe's grpo.max_steps alike: a typo such as
+# 99999999999999999999 would otherwise start a run that never ends, its step counter past TRL's int64 state.
+MAX_STEPS = 10_000_000
+
 
 class _NoKernelsHubWarning(logging.Filter):
     """bitsandbytes' CPU backend tries the optional `kernels` package for a faster 4-bit CPU matmul at import, and

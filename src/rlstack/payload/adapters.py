@@ -247,13 +247,26 @@ def verify(adapter_dir: Path, expected_base_model: str | None = None) -> Manifes
     return manifest
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether path is a folder; False for a path the file system cannot even look up (a component over its
+    name limit, a loop of links), which is no adapter folder either."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def find_adapter(spec: str | Path, root: Path | None = None) -> Path:
-    """An adapter given as a path, or as a name under the store root."""
+    """An adapter given as a path, or as a name under the store root. What is not an existing folder and holds
+    no '/' is a name, checked as every name is (core.names) before it becomes a path: an over-long one is an
+    InvalidNameError, not the file system's OSError."""
     p = Path(spec)
-    if p.is_dir():
+    if _is_dir(p):
         return p
+    if "/" not in str(spec):
+        check_name(str(spec), "--adapter")
     candidate = (root or default_root()) / str(spec)
-    if candidate.is_dir():
+    if _is_dir(candidate):
         return candidate
     raise AdapterError(
         f"adapter {spec!r} not found (looked at {p} and {candidate})", "list adapters with: invoke adapters"

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from rlstack.core.errors import RlstackError
+from rlstack.payload import MAX_STEPS
 
 DEFAULT_RECIPE = "gsm8k-grpo"
 
@@ -34,7 +35,7 @@ Model = Annotated[str | None, typer.Option(help="base model: a hub id, a local f
                                                 "a pinned PyPI wheel)")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 # Counts a run needs at least one of: typer refuses 0 and below under the flag's own name, before any work.
-MaxSteps = Annotated[int | None, typer.Option(min=1, help="GRPO steps (overrides grpo.max_steps)")]
+MaxSteps = Annotated[int | None, typer.Option(min=1, max=MAX_STEPS, help="GRPO steps (overrides grpo.max_steps)")]
 AdapterName = Annotated[str | None, typer.Option(help="adapter name in the store (default: <recipe>-<UTC time>)")]
 Resume = Annotated[bool, typer.Option(help="continue the run from its last sealed checkpoint (a finished run: "
                                           "nothing to do; a larger --max-steps trains further)")]
@@ -61,7 +62,7 @@ Unquantized = Annotated[bool, typer.Option(help="load the base as its checkpoint
 Fastgen = Annotated[bool, typer.Option(help="hf backend: greedy decoding through rlstack's fastgen (static cache, "
                                             "LoRA merged, fused CUDA-graph kernels) instead of transformers' "
                                             "generate; in bf16 a near-tie can flip a greedy token "
-                                            "(bench/results/fastgen_fidelity.md); falls back once on failure")]
+                                            "(docs/performance.md); falls back once on failure")]
 ReferenceKernels = Annotated[bool, typer.Option(help="with --fastgen: transformers' own kernels (adapter unmerged) "
                                                      "replayed in a CUDA graph, for generate's tokens at graph "
                                                      "speed")]
@@ -275,6 +276,9 @@ def adapters(
     from rlstack.payload import adapters as store
 
     root = root or store.default_root()
+    if root.exists() and not root.is_dir():  # a file is no empty store: listing it as one hides the mistake
+        raise store.AdapterError(f"adapter store {shown(root)} is a file, not a folder",
+                                 "pass the store's folder (or set $RLSTACK_ADAPTERS to it)")
     entries = store.scan(root, check_files=verify)
     bad = [e for e in entries if not e.ok]
     if json_:

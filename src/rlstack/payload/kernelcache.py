@@ -5,7 +5,7 @@ then torch.compile and Triton's training kernels on top, for minutes: every run,
 cache where the run cannot keep it. Unsloth points FlashInfer at `unsloth_compiled_cache` in the working folder
 (unsloth_zoo vllm_utils.py, `_maybe_set_flashinfer_workspace_base`), which a container's read-only root turns into
 /tmp (tmpfs, gone at exit); vLLM's and Triton's caches follow XDG_CACHE_HOME and the home folder, both tmpfs in
-rlstack's containers. bench/notes.md has the measured timings.
+rlstack's containers. docs/archive/notes.md has the measured timings.
 
 `RLSTACK_KERNEL_CACHE=DIR` names the folder (the images set it to the kernel-cache volume; native runs may set it
 too); each library's own variable is then set under DIR/<stack>-<lock hash> (one volume serves every stack, and

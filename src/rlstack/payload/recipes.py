@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from rlstack.core.errors import RlstackError
 from rlstack.core.names import MAX_LENGTH, InvalidNameError, check_name
 from rlstack.core.paths import recipes_dir, shown
+from rlstack.payload import MAX_STEPS
 from rlstack.payload.fastgen.options import FastgenOptions
 
 RewardName = Literal["correctness", "format", "repetition"]
@@ -112,7 +113,7 @@ class GrpoSpec(_Strict):
     says otherwise ('--fp8' runs vLLM inside Unsloth instead, and is not a vllm_mode)."""
 
     learning_rate: float = Field(default=5e-6, gt=0)
-    max_steps: int = Field(default=150, gt=0)
+    max_steps: int = Field(default=150, gt=0, le=MAX_STEPS)
     num_generations: int = Field(default=8, ge=2)
     per_device_train_batch_size: int = Field(default=8, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)

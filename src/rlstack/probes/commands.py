@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlstack.core.errors import RlstackError
-from rlstack.core.fileio import write_atomic
+from rlstack.core.fileio import check_output_file, write_atomic
 
 if TYPE_CHECKING:
     from rlstack.probes.model import ProbeReport
@@ -49,6 +49,8 @@ def read_user_text(path: Path, what: str, error: type[RlstackError] = RlstackErr
     unreadable, binary (a NUL byte, or with `strict` bytes that are not UTF-8). A log is read with `strict`
     off: a stray invalid byte in a log is replaced, not refused."""
     try:
+        if path.exists() and not (path.is_file() or path.is_dir()):  # reading a pipe would wait for a writer
+            raise error(f"{path}: not a regular file (a pipe, socket or device), not a {what}", hint)
         data = path.read_bytes()
     except FileNotFoundError:
         raise error(f"{path}: no such {what}", hint) from None
@@ -108,6 +110,7 @@ def split_csv(spec: str | None) -> list[str] | None:
 def write_report(report: Any, path: Path | None) -> None:
     text = report.model_dump_json(indent=2)
     if path:
+        check_output_file(path, "-o/--output")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text + "\n")
         print(f"wrote {path}", file=sys.stderr)
@@ -145,8 +148,13 @@ def probe(
     """Run a stack's probes (resolve, contract, toolchain, runtime): a table or JSON. Exit 1 when a probe fails,
     3 when none fails but one that decides a wall could not run (undecided, never a pass). A runtime report
     records the environment it ran in and how it departs from the lock."""
+    from rlstack.core.options import UsageError
     from rlstack.probes import suite
+    from rlstack.stacks.model import ARCH_RE
 
+    if gpu_arch is not None and not ARCH_RE.match(gpu_arch):  # before any probe reads it as a target
+        raise UsageError(f"--gpu-arch {gpu_arch[:40]!r} is not a GPU arch", "give one of the form sm_90, sm_120 "
+                         "or sm_90a (images/<stack>/stack.toml lists each stack's gpu_archs)")
     refuse_edited_lock(stack)
     r = suite.run(stack, layers=split_csv(layer), gpu_arch=gpu_arch, with_stacks=split_csv(with_stack) or [],
                   fresh=fresh, runtime_only=split_csv(runtime_probes), discovered_only=discovered_only)

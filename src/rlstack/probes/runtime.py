@@ -29,7 +29,7 @@ from rlstack.probes.model import Evidence, ProbeResult
 MARK = "RLSTACK-PROBE-RESULT:"
 # Seconds each probe may take. grpo-step's is for a machine with cold kernel caches: cold, `rlstack train --fp8
 # --max-steps 1` on the tiny model first pays vLLM's init with FlashInfer's JIT, then Unsloth's and Triton's
-# compiles of step 1, far longer than warm (the cold and warm timings: bench/notes.md). A probe that runs out of
+# compiles of step 1, far longer than warm (the cold and warm timings: docs/archive/notes.md). A probe that runs out of
 # time is undecided (never a pass, never a wall).
 TIMEOUTS = {"cuda-init": 120, "bnb-4bit": 300, "fp8-matmul": 300, "vllm-lora": 600, "grpo-step": 1200}
 

@@ -266,9 +266,9 @@ def run(root: Path, spec: dict[str, Any], argv: list[str], volumes: Path, binds:
     if spec.get("read_only_root", True):
         mount("-o", "remount,bind,ro", str(root))
     full_env = dict(spec["env"])
-    if spec.get("gpus"):
-        full_env["LD_LIBRARY_PATH"] = ":".join(
-            p for p in (f"{DRIVER_MOUNT}/lib64", full_env.get("LD_LIBRARY_PATH")) if p)
+    if spec.get("gpus"):  # the loader and the linker both find the driver's libcuda (JITs link -lcuda)
+        for var in ("LD_LIBRARY_PATH", "LIBRARY_PATH"):
+            full_env[var] = ":".join(p for p in (f"{DRIVER_MOUNT}/lib64", full_env.get(var)) if p)
     full_env.update(env)
     user = spec.get("user") or "0:0"
     entry = [entrypoint] if entrypoint is not None else list(spec["entrypoint"])

@@ -113,7 +113,7 @@ def pins_only(text: str) -> str:
     return "".join(f"{p.name}=={p.version}{f' ; {p.marker}' if p.marker else ''}\n" for _, p in _entries(text))
 
 
-def _stray_lines(text: str) -> list[str]:
+def stray_lines(text: str) -> list[str]:
     """Lines that belong to no entry and are no comment: a '--hash' line whose package line was deleted, or
     text a lock never holds."""
     covered = [(m.start(), m.end()) for m in ENTRY_RE.finditer(text)]
@@ -163,9 +163,13 @@ def verify_digest(path: Path, text: str, fix: str, reresolve: Callable[[], str |
     if m is None:
         raise EditedLockError(f"{path}: not written by 'rlstack lock', or edited: it has no "
                               f"'{DIGEST_PREFIX}...' line sealing its pins and hashes", fix)
+    stray = stray_lines(text)
     if m["digest"] == set_digest(text):
+        if stray:  # the digest seals the entries only; pip reads every line, so text it cannot parse is an edit too
+            raise EditedLockError(f"{path}: edited after 'invoke lock' wrote it: lines that are no pin, hash or "
+                                  "comment\n  " + "\n  ".join(stray[:20]), fix)
         return
-    found = _stray_lines(text)
+    found = stray
     reference = reresolve() if reresolve is not None else None
     if reference is not None:
         found += describe_edits(text, reference)

@@ -155,9 +155,14 @@ def _format_validation(path: Path, err: ValidationError) -> str:
 def load_stack_file(path: Path) -> Stack:
     """Parse and validate one stack.toml; every problem names the file and the field."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StackFileError(f"{path}: no such stack file") from None
+    except UnicodeDecodeError:
+        raise StackFileError(f"{path}: not a text file (not UTF-8)",
+                             "restore it: git checkout -- " + str(path)) from None
+    except IsADirectoryError:
+        raise StackFileError(f"{path}: a folder, not a stack file", "see images/cpu/stack.toml") from None
     except tomllib.TOMLDecodeError as exc:
         raise StackFileError(f"{path}: not valid TOML: {exc}", "fix the syntax; see images/cpu/stack.toml") from None
     if not isinstance(data, dict):

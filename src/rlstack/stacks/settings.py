@@ -97,6 +97,24 @@ def docker_client() -> str:
     return PREFERRED_DOCKER if os.path.exists(PREFERRED_DOCKER) else "docker"
 
 
+PEM_MARK = b"-----BEGIN CERTIFICATE-----"
+
+
+def _check_pem(path: Path) -> None:
+    """A CA bundle is a PEM file holding at least one certificate: anything else (a binary file, a key, a typo's
+    wrong file) would be stored and then break every later build's TLS with a message far from its cause."""
+    if not path.is_file():
+        raise SettingsError(f"CA bundle {path} does not exist", "pass the path of a PEM file")
+    try:
+        head = path.read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"CA bundle {path}: cannot read it ({exc.strerror or exc})",
+                            "pass the path of a PEM file you can read") from None
+    if PEM_MARK not in head:
+        raise SettingsError(f"CA bundle {path} holds no PEM certificate ('{PEM_MARK.decode()}')",
+                            "pass the proxy's CA certificates in PEM form (e.g. /etc/ssl/certs/ca-certificates.crt)")
+
+
 def store(updates: dict[str, str | None], root: Path | None = None) -> Path:
     """Set (a value) or unset (None) settings in invoke.yaml, keeping every other key of the file."""
     unknown = sorted(set(updates) - set(FIELDS))
@@ -109,8 +127,8 @@ def store(updates: dict[str, str | None], root: Path | None = None) -> Path:
         if v is None:
             section.pop(k, None)
         else:
-            if k == "ca_cert" and not Path(v).is_file():
-                raise SettingsError(f"CA bundle {v} does not exist", "pass the path of a PEM file")
+            if k == "ca_cert":
+                _check_pem(Path(v))
             section[k] = v
     if section:
         data[SECTION] = section

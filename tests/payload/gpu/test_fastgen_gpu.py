@@ -108,7 +108,7 @@ def test_compiled_greedy_matches_generate_on_the_embedded_model() -> None:
 
     Equal positions alone cannot pin this in bf16: on the H200 this test first asked for 7 of 8 identical rows
     and got 5, with fusion and without (2026-12-04), while transformers' own compiled path agrees with its eager
-    one on 79 % of positions (bench/results/fastgen_fidelity.md). Both decodes saw the same prefix at a row's
+    one on 79 % of positions (docs/performance.md). Both decodes saw the same prefix at a row's
     first divergence, so generate's logit gap there separates a rounding-sized tie (bf16 logits of this size are
     0.125-0.25 apart; the bench's largest gap over 16 x 64 tokens was 0.5) from a wrong computation, which
     leaves gaps of whole logits."""

@@ -66,11 +66,13 @@ def eval_(
 ) -> int:
     """Evaluate an adapter from the volume (mounted read-only, its hashes checked first) or a base model in the
     stack's container; results and raw generations are copied out to ./runs/eval/NAME."""
+    from rlstack.core.names import check_name, to_name
     from rlstack.host import containers
 
     values = lent(payload.eval_, locals())
+    if adapter is not None and "/" not in adapter:  # a name in the volume, checked before an image is built
+        check_name(adapter, "--adapter")
     s = load_stack(stack)
-    from rlstack.core.names import to_name
 
     label = to_name(Path(values.get("adapter") or values.get("model") or "eval").name, "eval")[:100]
     rel = f"eval/{label}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"

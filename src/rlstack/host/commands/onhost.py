@@ -44,7 +44,8 @@ def native_stage(
                                                                  "against its RECORD) and xz-compressed, fewer "
                                                                  "parts; none: the wheels as they are")] = "xz",
     xz_preset: Annotated[int | None, typer.Option(help="xz preset 0-9 (default 0): higher makes fewer parts and "
-                                                       "stages slower (bench/results/stage_compression.md)")] = None,
+                                                       "stages slower (bench/results/archive/"
+                                                       "stage_compression.md)")] = None,
 ) -> int:
     """Stage a stack's locked wheels (sha256-checked) in parts for a GPU host with no Docker and no network;
     `python3 -m rlstack.scripts.native_install install` there."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstack import __version__
+from rlstack.core.fileio import check_folder
 from rlstack.payload import adapters, prompt
 from rlstack.payload.evaluate.scoring import EvalError, score
 from rlstack.payload.recipes import ModelSpec, TinySpec
@@ -239,7 +240,7 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
                         "use --backend hf, or run in the fp8 stack: invoke eval --stack fp8") from None
     # Greedy decoding never reaches top-k/top-p sampling (vllm 0.21 v1/sample/sampler.py), yet vLLM's start-up
     # dummy sampler run makes FlashInfer JIT-compile its sampling module with nvcc when that sampler is on:
-    # a cost on every cold start (measured: bench/notes.md). Off unless the user chose otherwise.
+    # a cost on every cold start (measured: docs/archive/notes.md). Off unless the user chose otherwise.
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     t0 = time.perf_counter()
     rank = int((manifest.recipe.get("lora") or {}).get("r", 64)) if manifest else 64
@@ -274,7 +275,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
 
     target, base_id, adapter_dir, manifest, _ = _base_for(cfg)
     problems = load_problems(cfg.data, split=cfg.split, n=cfg.n, seed=cfg.seed, shuffle=False)
-    out_dir = cfg.output or default_output(cfg, base_id)
+    out_dir = check_folder(cfg.output or default_output(cfg, base_id), "--output")
     out_dir.mkdir(parents=True, exist_ok=True)
     questions = [p.question for p in problems]
     if cfg.backend == "hf":

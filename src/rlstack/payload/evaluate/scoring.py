@@ -12,6 +12,7 @@ from typing import Any
 
 from rlstack import __version__
 from rlstack.core.errors import RlstackError
+from rlstack.core.fileio import check_output_file, write_atomic
 from rlstack.payload import stats
 from rlstack.payload.extract import extract, format_fraction, reference_answer
 from rlstack.payload.rewards import format_score
@@ -125,6 +126,7 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def rescore(generations: Path, output: Path | None = None) -> dict[str, Any]:
     """Re-extract and re-score a generations.jsonl with the current extractor (no model needed)."""
     generations = Path(generations)
+    out = check_output_file(output or generations.with_name("results.rescored.json"), "--output")
     rows = read_generations(generations)
     scored = score(rows)
     prior_path = generations.with_name("results.json")
@@ -133,8 +135,7 @@ def rescore(generations: Path, output: Path | None = None) -> dict[str, Any]:
         raise EvalError(f"{prior_path}: not results.json (expected a JSON object)")
     result = {**prior, **{k: v for k, v in scored.items()}, "rescored": datetime.now(UTC).isoformat(timespec="seconds"),
               "rescored_with": __version__}
-    out = output or generations.with_name("results.rescored.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_atomic(out, json.dumps(result, indent=2) + "\n")  # a full disk leaves the old file, never half of one
     print(f"rlstack rescore: accuracy {result['accuracy']:.4f} ({result['correct']}/{result['n']}) -> {out}",
           file=sys.stderr)
     return result

@@ -9,14 +9,13 @@ sealed checkpoints only, so a torn one is never picked up under its final name; 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlstack.core.errors import DiskFullError, RlstackError
+from rlstack.core.errors import DiskFullError, RlstackError, is_disk_full
 from rlstack.core.fileio import fsync_path
 
 SEAL = ".rlstack-complete"
@@ -85,23 +84,6 @@ def make_seal_callback() -> Any:
 
 # How a full disk reads when a library wraps the OSError: torch.save ("... file write failed"), safetensors' Rust
 # writer ("IoError(Os { code: 28, kind: StorageFull, ... })"), tokenizers and others ("No space left on device").
-_ENOSPC_TEXT = ("No space left on device", "file write failed", "StorageFull", "code: 28", "os error 28")
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC, or a library's wrapping of it)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
-            return True
-        if not isinstance(cur, OSError) and any(t in str(cur) for t in _ENOSPC_TEXT):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
-
-
 @contextlib.contextmanager
 def disk_full_guard(where: Path, what: str, hint: str) -> Iterator[None]:
     """Turn a full disk anywhere inside (ENOSPC, however a library wraps it) into a DiskFullError (exit 28) that

@@ -43,7 +43,7 @@ stack: load_in_fp8=True on vLLM 0.21.0, torchao 0.18.0, torch 2.11).
     reads the adapter from `model.state_dict()` (vllm_utils.py:6225), which detaches every parameter; detaching a
     Float8Tensor inside inference mode fails. Symptom, at the first rollout: `RuntimeError: Cannot set version_counter
     for inference tensor` from torch/nn/modules/module.py _save_to_state_dict (with zoo 2026.7.6:
-    bench/results/sm90/fp8-3345fbfe2076-train-4b-cast-forced.log; 2026.10.6 has the same code). We rebind
+    bench/results/archive/sm90/fp8-3345fbfe2076-train-4b-cast-forced.log; 2026.10.6 has the same code). We rebind
     model.load_lora to zoo's undecorated function (its `__wrapped__`) run under torch.no_grad(), the mode zoo already
     uses for torchao weights in get_vllm_state_dict (vllm_utils.py:1108-1115). Acts only on a model that has torchao
     weights and whose load_lora is zoo's decorated partial. Upstream: pytorch/pytorch#170419 (view ops on tensor
@@ -52,7 +52,7 @@ stack: load_in_fp8=True on vLLM 0.21.0, torchao 0.18.0, torch 2.11).
     trainer.py:609-612) goes through Module._apply, which swaps wrapper subclasses for fresh ones made outside
     inference mode. Reproduced on CPU (torch 2.10, torchao 0.18, Float8Tensor PerRow): state_dict() under inference
     mode passes on the Parameter convert_vllm_to_huggingface builds, fails after `.to(device)`, and passes under
-    no_grad in both states (bench/notes.md, pre-flight reading for fp8 at 2026.10.6).
+    no_grad in both states (docs/archive/notes.md, pre-flight reading for fp8 at 2026.10.6).
 
 mark_torchao_fp8_for_no_grad() -- unsloth 2026.10.6 with load_in_fp8=True on a local folder (symptom predicted, not
 yet seen).

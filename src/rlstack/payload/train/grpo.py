@@ -20,7 +20,7 @@ from typing import Any
 
 from rlstack.core import locking
 from rlstack.core.errors import RlstackError
-from rlstack.core.fileio import write_atomic
+from rlstack.core.fileio import check_folder, write_atomic
 from rlstack.core.names import check_name
 from rlstack.core.paths import shown
 from rlstack.payload import adapters, prompt, tokenizer_files
@@ -154,7 +154,7 @@ def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
     to True (as TRL's does). What kind of checkpointing then runs depends on the release: unsloth 2026.10.6's
     generated config turns use_reentrant back on (its offloading checkpoint); at 2026.6.1 with transformers 5.5 the
     trainer's gradient_checkpointing_enable() reaches unsloth_checkpoint (zoo gradient_checkpointing.py:917-923)
-    non-reentrant, which recomputes without offloading (read from the source, bench/notes.md; not measured)."""
+    non-reentrant, which recomputes without offloading (read from the source, docs/archive/notes.md; not measured)."""
     dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if loaded.device == "cpu":
         dtype_name = "float32"
@@ -239,6 +239,9 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
             run_dir = runs_root() / name
     name = check_name(name or run_dir.name, "adapter name")
     root = adapters_root or adapters.default_root()
+    if ranks.is_main():  # a file in the place of either folder, or a read-only one, before any work
+        check_folder(run_dir, "--output (the run folder)")
+        check_folder(root, "--adapters-root (the adapter store)")
     from rlstack.payload.data import load_problems
 
     problems = load_problems(data or recipe.data.train, split=recipe.data.split, n=recipe.data.n,

@@ -81,7 +81,11 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$
 def check_model_name(name: str) -> None:
     """A model given as a folder must exist, and anything else must be a hub id ('org/name'), so a typo in a
     path is reported as the missing folder it is, not as the hub's "repo id must be in the form ..." message."""
-    if Path(name).expanduser().is_dir():
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():  # else transformers' own traceback, after the data loaded
+            raise ModelLoadError(f"model folder {name!r} holds no config.json: not a model folder",
+                                 "pass the folder a model was saved to (config.json beside its weights)")
         return
     looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
     if looks_local or not HUB_ID.fullmatch(name) or ".." in name or "--" in name:

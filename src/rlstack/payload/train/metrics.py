@@ -77,7 +77,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             whole generate-and-score phase (rollout, reward functions, old/reference log-prob passes), so each row
             splits the step into generate_s, score_s and train_s (loss forward, backward, optimizer). Why: a
             step time alone cannot say where an FP8 step's extra seconds go (an FP8 run's steps fell into a fast
-            and a slow group: bench/notes.md). Wrapped on the instance, so Unsloth's generated subclass
+            and a slow group: docs/archive/notes.md). Wrapped on the instance, so Unsloth's generated subclass
             is timed too; a method the trainer does not have, or never calls, leaves its field out."""
             import functools
 

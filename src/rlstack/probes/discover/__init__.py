@@ -17,7 +17,12 @@ read from the locked wheels (no import, no GPU), in three steps:
      (keywords.py).
 
 One renderer (render.py) turns all findings into probe results. A finding that a rule suppresses is counted
-with the rule's reason (RULES), never dropped silently.
+with the rule's reason (RULES), per rule and per package pair in the summary, and listed with its site in a
+side file beside the cached result, never dropped silently. A stub fallback (an except-branch that binds a
+placeholder in the missing name's place) is a finding, not a suppression: it moves the failure to where the
+name is used. Names built at run time (runtime_names.py) are checked where the source pins their strings down,
+and counted as unchecked where it does not. Each check records the reference it made (findings.Ref), which is
+what bench/probe_mutation.py deletes or renames in B's source to measure whether the checks can fail.
 
 The split follows griffe's loader / visitor / extension one: the model loads, the walk visits, each pass is
 an analysis that can be run (and tested) alone. Why not griffe itself (it loads a package's API from source
@@ -33,7 +38,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from rlstack.core.pkgnames import requirement_name
 from rlstack.probes.discover import imports, keywords, pastes, replacements, sites
@@ -47,7 +52,8 @@ from rlstack.probes.wheels import SourceSet, WheelCache, cache_dir
 from rlstack.stacks.locks import LockedPackage
 from rlstack.stacks.model import Stack
 
-__all__ = ["KINDS", "PASSES", "RULES", "Discovered", "Finding", "Kind", "a_set", "find", "render", "results"]
+__all__ = ["KINDS", "PASSES", "RULES", "Discovered", "Finding", "Kind", "a_set", "find", "render", "results",
+           "suppressed_file"]
 
 Pass = Callable[[ApiModel, sites.Uses], PassResult]
 PASSES: dict[Kind, Pass] = {"replacement": replacements.find, "import": imports.find, "paste": pastes.find,
@@ -55,14 +61,20 @@ PASSES: dict[Kind, Pass] = {"replacement": replacements.find, "import": imports.
 
 
 def find(stack: Stack, sources: SourceSet, locked: dict[str, LockedPackage], a_set: Sequence[str],
-         kinds: Sequence[Kind] = KINDS) -> Discovered:
+         kinds: Sequence[Kind] = KINDS, *, model: ApiModel | None = None,
+         only: Mapping[str, Collection[str]] | None = None, known: sites.Uses | None = None) -> Discovered:
     """Every finding of the passes in `kinds` for the A packages in `a_set` (those with sources in `sources`),
-    in source order: the model and the walk once, then each pass over them."""
-    model = ApiModel(stack, sources, locked)
-    uses = sites.walk(model, a_set)
+    in source order: the model and the walk once, then each pass over them. `model`, `only` and `known`: a
+    rerun over some of A's files against changed B sources (sites.walk)."""
+    model = model or ApiModel(stack, sources, locked)
+    uses = sites.walk(model, a_set, only, known)
     done = [PASSES[k](model, uses) for k in kinds]
     findings = sorted((f for r in done for f in r.findings), key=lambda f: f.order)
-    return Discovered(list(a_set), findings, Counter({r.kind: r.checked for r in done if r.checked}), uses.installs)
+    unchecked: Counter[str] = Counter()
+    for r in done:
+        unchecked.update(r.unchecked)
+    return Discovered(list(a_set), findings, Counter({r.kind: r.checked for r in done if r.checked}), uses.installs,
+                      [x for r in done for x in r.refs], unchecked, uses)
 
 
 def a_set(stack: Stack, locked: dict[str, LockedPackage]) -> list[str]:
@@ -70,11 +82,9 @@ def a_set(stack: Stack, locked: dict[str, LockedPackage]) -> list[str]:
     return sorted({requirement_name(line) for line in stack.top_level} & set(locked))
 
 
-def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache) -> list[ProbeResult]:
-    """Discovery's findings as probe results (one per finding, then one summary with the counts and the
-    suppression rules that applied), cached under the wheels' sha256 and the probes' code."""
-    a = a_set(stack, locked)
-    # B: every locked package with Python sources that an A imports from; found from A's imports' top names
+def b_set(stack: Stack, locked: dict[str, LockedPackage], cache: WheelCache, a: Sequence[str]) -> set[str]:
+    """The packages discovery reads as B: every locked package with Python sources that an A imports from,
+    found from A's imports' top names."""
     sources, _, _ = fetch_sources(stack, set(a), locked, cache)
     tops: set[str] = set()
     try:
@@ -85,7 +95,14 @@ def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache
                         tops.add(m[1])
     finally:
         sources.close()
-    b = {p for p in locked if p.replace("-", "_") in tops or p in tops} - set(a)
+    return {p for p in locked if p.replace("-", "_") in tops or p in tops} - set(a)
+
+
+def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache) -> list[ProbeResult]:
+    """Discovery's findings as probe results (one per finding, then one summary with the counts and the
+    suppression rules that applied), cached under the wheels' sha256 and the probes' code."""
+    a = a_set(stack, locked)
+    b = b_set(stack, locked, cache, a)
     key = {"stack": stack.name, "a": a,
            "locked": sorted(f"{n}=={p.version}" for n, p in locked.items() if n in b | set(a)),
            "python": stack.python, "platform": stack.platform, "code": code_hash()}
@@ -94,11 +111,25 @@ def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache
     if path.is_file():
         return [ProbeResult.model_validate(r) for r in json.loads(path.read_text())]
     sources, errors, _ = fetch_sources(stack, set(a) | b, locked, cache, prefetch_skip=frozenset())
+    side = path.with_name(f"discover-{digest}.suppressed.json")
     try:
-        out = render(find(stack, sources, locked, a), errors)
+        found = find(stack, sources, locked, a)
     finally:
         sources.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(side, json.dumps(suppressed_file(stack, found), indent=1))
+    out = render(found, errors, side)
     if not any(r.undecided for r in out):
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps([r.model_dump(mode="json") for r in out]))
     return out
+
+
+def suppressed_file(stack: Stack, found: Discovered) -> dict[str, object]:
+    """Every suppressed finding (the side file beside discovery's cached result, named in its summary), with
+    the counts per rule and per package pair that the summary carries too."""
+    return {"stack": stack.name, "rules": RULES, "counts": dict(found.suppressed().most_common()),
+            "pairs": {p: dict(c.most_common()) for p, c in found.suppressed_by_pair().items()},
+            "unchecked": dict(found.unchecked),
+            "suppressed": [{"rule": f.rule, "kind": f.kind, "a": f.a, "b": f.b, "key": f.key, "message": f.message,
+                            "file": f.evidence[0].file, "line": f.evidence[0].line}
+                           for f in found.findings if f.rule]}

@@ -34,11 +34,31 @@ class Guards:
     def __init__(self, model: ApiModel) -> None:
         self.model = model
         self._consts: dict[tuple[str, str], dict[str, object]] = {}
+        self._has: Callable[[ast.expr, str], bool | None] | None = None  # set for one guard() call
 
-    def guard(self, test: ast.expr, versions: dict[str, object]) -> bool | None:
-        """Evaluate an if-test against the lock; None when it is not a test this reads."""
-        val = self._eval(test, versions)
+    def guard(self, test: ast.expr, versions: dict[str, object],
+              has: Callable[[ast.expr, str], bool | None] | None = None) -> bool | None:
+        """Evaluate an if-test against the lock; None when it is not a test this reads. `has` answers
+        `hasattr(x, "name")` for the x the caller can resolve (a module of B, through the statement's imports)."""
+        self._has = has
+        try:
+            val = self._eval(test, versions)
+        finally:
+            self._has = None
         return val if isinstance(val, bool) else None
+
+    def operands(self, test: ast.expr, versions: dict[str, object],
+                 has: Callable[[ast.expr, str], bool | None] | None = None) -> list[ast.expr]:
+        """The parts of an if-test that are evaluated on this lock: an `and` stops at its first operand that is
+        false here (`hasattr(m, "x") and m.x.y`: m.x is read only where m has x)."""
+        if not isinstance(test, ast.BoolOp) or not isinstance(test.op, ast.And):
+            return [test]
+        out = []
+        for v in test.values:
+            out.append(v)
+            if self.guard(v, versions, has) is False:
+                break
+        return out
 
     def _locked_version(self, package: str | None) -> _V | None:
         return _v(self.model.version(package)) if package in self.model.locked else None
@@ -56,6 +76,8 @@ class Guards:
         if isinstance(e, ast.Attribute):
             if e.attr == "TYPE_CHECKING":
                 return False
+            if ast.unparse(e) == "sys.platform":
+                return _Str("linux")  # every stack is a Linux one ('x86_64-manylinux_2_28')
             if e.attr == "__version__" and isinstance(e.value, ast.Name):
                 return self._locked_version(self.model.owner(e.value.id))
             return None
@@ -75,8 +97,19 @@ class Guards:
 
     def _call(self, e: ast.Call, versions: dict[str, object]) -> object:
         """is_X_available(), Version(...)/parse(...), find_spec("X"), version("X")."""
-        last = ast.unparse(e.func).split(".")[-1]
+        func = ast.unparse(e.func)
+        last = func.split(".")[-1]
         locked = self.model.locked
+        if func == "hasattr" and len(e.args) == 2 and isinstance(e.args[1], ast.Constant) and \
+                isinstance(e.args[1].value, str):
+            return self._has(e.args[0], e.args[1].value) if self._has is not None else None
+        if func in ("platform.system", "platform.machine") and not e.args:
+            return _Str("Linux" if last == "system" else "aarch64" if "aarch64" in self.model.stack.platform
+                        else "x86_64")
+        if isinstance(e.func, ast.Attribute) and e.func.attr == "startswith" and len(e.args) == 1 and \
+                isinstance(e.args[0], ast.Constant) and isinstance(e.args[0].value, str):
+            s = self._eval(e.func.value, versions)
+            return s.v.startswith(e.args[0].value) if isinstance(s, _Str) else None
         m = re.fullmatch(r"is_(\w+?)_available", last)
         if m and not e.args:
             name = normalize(m[1])
@@ -98,6 +131,11 @@ class Guards:
 
     def _compare(self, e: ast.Compare, versions: dict[str, object]) -> object:
         left, right = self._eval(e.left, versions), self._eval(e.comparators[0], versions)
+        if isinstance(left, _Str) or isinstance(right, _Str):  # sys.platform == "darwin", platform.system() != ...
+            lv, rv = (x.v if isinstance(x, _Str) else x for x in (left, right))
+            if isinstance(lv, str) and isinstance(rv, str) and isinstance(e.ops[0], ast.Eq | ast.NotEq):
+                return (lv == rv) == isinstance(e.ops[0], ast.Eq)
+            return None
         if isinstance(left, _PyVersion) or isinstance(right, _PyVersion):
             return _compare_python(left, right, e.ops[0])
         if isinstance(e.ops[0], ast.Is | ast.IsNot) and left in (_FOUND, _MISSING) and \
@@ -183,6 +221,14 @@ def _compare_python(left: object, right: object, op: ast.cmpop) -> bool | None:
     if lv is None or rv is None or len(lv) > 2 or len(rv) > 2:
         return None
     return _apply(op, lv, rv)
+
+
+@dataclass(frozen=True)
+class _Str:
+    """A string the stack's platform decides (sys.platform, platform.system()): an Apple-only or Windows-only
+    branch is a dead path on a Linux stack, not a guard that cannot be read."""
+
+    v: str
 
 
 class _V:

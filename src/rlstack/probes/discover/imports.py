@@ -12,21 +12,52 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator, Sequence
 
-from rlstack.probes.discover.findings import RULES, PassResult
+from rlstack.probes.discover import runtime_names
+from rlstack.probes.discover.findings import RULES, STUB, PassResult, Ref
 from rlstack.probes.discover.model import ApiModel
-from rlstack.probes.discover.sites import Site, Uses, import_bindings
+from rlstack.probes.discover.sites import Ctx, Site, Uses, import_bindings
 from rlstack.probes.model import Evidence
 from rlstack.probes.pyast import relative_base
 
 
 def find(model: ApiModel, uses: Uses) -> PassResult:
     out = PassResult("import")
+    dynamic: dict[tuple[str, str], bool] = {}  # whether a file calls eval/exec/import_module at all (text test)
     for site in uses.sites:
         if isinstance(site.statement, ast.Import | ast.ImportFrom):
             _imports(model, uses, site, site.statement, out)
         else:
             _chains(model, uses, site, out)
+            key = (site.ctx.a, site.ctx.file)
+            if key not in dynamic:
+                text = model.src.read(*key) or ""
+                dynamic[key] = any(f"{c}(" in text for c in runtime_names.CALLS)
+            if dynamic[key]:
+                _runtime(model, uses, site, out)
     return out
+
+
+def ref(out: PassResult, model: ApiModel, ctx: Ctx, b: str, module: str, name: str | None, line: int) -> None:
+    """Record a reference that resolves on this lock: what a mutation of B may delete (bench/probe_mutation)."""
+    out.refs.append(Ref(out.kind, ctx.a, b, module, name, ctx.file, line, ctx.live is True))
+
+
+def bound_names(s: ast.stmt | None) -> list[str]:
+    """The names a statement binds (an import's locals, an assignment's plain targets): what a catching
+    handler's fallback is looked up by."""
+    if isinstance(s, ast.Import | ast.ImportFrom):
+        return [x.asname or x.name.split(".")[0] for x in s.names]
+    if isinstance(s, ast.Assign | ast.AnnAssign):
+        targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
+
+
+def stub_note(ctx: Ctx, names: list[str]) -> str:
+    """What a finding says when a stub fallback takes the missing name's place."""
+    fb = ctx.stub(names) if ctx.live else None
+    return f"; the except-branch binds a {STUB} instead ({fb[2]}, {ctx.file}:{fb[1]}), which fails where it is " \
+        "used" if fb else ""
 
 
 def _imports(model: ApiModel, uses: Uses, site: Site, s: ast.Import | ast.ImportFrom, out: PassResult) -> None:
@@ -40,36 +71,45 @@ def _imports(model: ApiModel, uses: Uses, site: Site, s: ast.Import | ast.Import
         if attr is None:
             full = module if isinstance(s, ast.ImportFrom) else next(
                 x.name for x in s.names if (x.asname or x.name.split(".")[0]) == local)
-            if not (model.module_exists(full) or model.compiled(b, full)):
-                _no_module(model, site, b, full, ev, ctx.rule or uses.import_rule(ctx), out)
+            if model.module_exists(full) or model.compiled(b, full):
+                ref(out, model, ctx, b, full, None, s.lineno)
+            else:
+                _no_module(model, site, b, full, ev, _rule(uses, site, "no-module", full, None, [local], s.lineno),
+                           out, stub_note(ctx, [local]))
             continue
         got = model.name_in_module(module, attr)
         if got == "yes":
+            ref(out, model, ctx, b, module, attr, s.lineno)
             continue
-        rule = _rule(uses, site, got, module, attr)
+        rule = _rule(uses, site, got, module, attr, [local], s.lineno)
         if got == "no-module":
-            _no_module(model, site, b, module, ev, "compiled-module" if model.compiled(b, module) else rule, out)
+            _no_module(model, site, b, module, ev, "compiled-module" if model.compiled(b, module) else rule, out,
+                       stub_note(ctx, [local]))
             continue
         msg = (f"ImportError: cannot import name '{attr}' from '{module}' ({a} imports it{ctx.where}; "
-               f"{b} {model.version(b)} does not define it)")
+               f"{b} {model.version(b)} does not define it{stub_note(ctx, [local])})")
         out.add(a, b, msg, ev, rule, f"{module}.{attr}", (site.seq, -1), (module, attr))
 
 
-def _rule(uses: Uses, site: Site, got: str, module: str, name: str) -> str | None:
+def _rule(uses: Uses, site: Site, got: str, module: str, name: str | None, bound: list[str], line: int
+          ) -> str | None:
     """The rule a missing name falls under: where it is read, what B's module is (name_in_module's answer), or
-    that A installs the name itself."""
+    that A installs the name itself on a path that runs before the read. None where a catching handler binds
+    the name to a stub on a live path: the stub is a finding, whatever else would excuse it."""
     ctx = site.ctx
+    if ctx.live and got in ("no", "no-module") and ctx.stub(bound):
+        return None
     rule = ctx.rule or (got if got in RULES else None) or uses.import_rule(ctx)
-    if rule is None and uses.installed_by_a(ctx.a, module, name):
-        rule = "installed-by-a"
+    if rule is None and name is not None:
+        rule = uses.installed_by_a(ctx, module, name, line)
     return rule
 
 
 def _no_module(model: ApiModel, site: Site, b: str, module: str, ev: list[Evidence], rule: str | None,
-               out: PassResult) -> None:
+               out: PassResult, note: str = "") -> None:
     root = model.missing_root(module)
     out.add(site.ctx.a, b, f"ModuleNotFoundError: No module named '{root}' ({site.ctx.a} imports {module}"
-            f"{site.ctx.where}; {b} {model.version(b)} does not have it)", ev, rule, root, (site.seq, -1))
+            f"{site.ctx.where}; {b} {model.version(b)} does not have it{note})", ev, rule, root, (site.seq, -1))
 
 
 def _chains(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
@@ -94,12 +134,15 @@ def _chains(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
         out.checked += 1
         got = model.name_in_module(module, rest[0])
         if got == "yes":
+            ref(out, model, ctx, b, module, rest[0], node.lineno)
             continue
+        bound = bound_names(site.statement)
         ev = [Evidence(text=ast.unparse(node)[:200], package=ctx.a, file=ctx.file, line=node.lineno)]
         msg = (f"AttributeError: module '{module}' has no attribute '{rest[0]}' ({ctx.a} reads "
-               f"{ast.unparse(node)[:120]}{ctx.where}; {b} {model.version(b)} does not define it)")
-        out.add(ctx.a, b, msg, ev, _rule(uses, site, got, module, rest[0]), f"{module}.{rest[0]}", (site.seq, -1),
-                (module, rest[0]))
+               f"{ast.unparse(node)[:120]}{ctx.where}; {b} {model.version(b)} does not define it"
+               f"{stub_note(ctx, bound)})")
+        out.add(ctx.a, b, msg, ev, _rule(uses, site, got, module, rest[0], bound, node.lineno), f"{module}.{rest[0]}",
+                (site.seq, -1), (module, rest[0]))
 
 
 def _longest_loads(nodes: Sequence[ast.AST]) -> Iterator[ast.Attribute]:
@@ -126,3 +169,47 @@ def _walk_no_defs(node: ast.AST) -> Iterator[ast.AST]:
         if n is not node and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
             continue
         todo.extend(reversed(list(ast.iter_child_nodes(n))))
+
+
+def _runtime(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
+    """Names built at run time (runtime_names): each string a call can be, checked like an import of the module
+    or name it reaches in B; one the source does not pin down, counted as unchecked when it names B."""
+    ctx = site.ctx
+    for call, how in runtime_names.calls(site.reads):
+        arg = call.args[0]
+        texts = runtime_names.expand(arg, ctx.values)
+        if texts is None:
+            words = runtime_names.DOTTED.findall(runtime_names.literal_text(arg))
+            if any((b := model.owner(w.split(".")[0])) and b != ctx.a and b in model.src.wheels for w in words):
+                out.unchecked["runtime-name"] += 1
+            continue
+        for text in texts:
+            for module, name in runtime_names.targets(how, text):
+                _runtime_target(model, uses, site, call, text, module, name, out)
+
+
+def _runtime_target(model: ApiModel, uses: Uses, site: Site, call: ast.Call, text: str, module: str,
+                    name: str | None, out: PassResult) -> None:
+    ctx = site.ctx
+    b = model.owner(module)
+    if b is None or b == ctx.a or b not in model.src.wheels:
+        return
+    parts = [*module.split("."), *([name] if name else [])]
+    # the longest prefix that is a module of B, and the name after it (an eval'd `trl.trainer.x.Y` is either)
+    i = next((i for i in range(len(parts), 0, -1) if model.module_exists(".".join(parts[:i]))), 0)
+    if i == 0:
+        return
+    out.checked += 1
+    mod, rest = ".".join(parts[:i]), parts[i:]
+    ev = [Evidence(text=f"{ast.unparse(call)[:160]} -> {text[:120]}", package=ctx.a, file=ctx.file, line=call.lineno)]
+    if not rest:
+        ref(out, model, ctx, b, mod, None, call.lineno)
+        return
+    got = model.name_in_module(mod, rest[0])
+    if got == "yes":
+        ref(out, model, ctx, b, mod, rest[0], call.lineno)
+        return
+    msg = (f"AttributeError: module '{mod}' has no attribute '{rest[0]}' ({ctx.a} builds '{text[:120]}' at run "
+           f"time{ctx.where}; {b} {model.version(b)} does not define it)")
+    out.add(ctx.a, b, msg, ev, _rule(uses, site, got, mod, rest[0], bound_names(site.statement), call.lineno),
+            f"{mod}.{rest[0]}", (site.seq, -1), (mod, rest[0]))

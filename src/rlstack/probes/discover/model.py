@@ -10,6 +10,7 @@ reads thousands of torch attributes.
 from __future__ import annotations
 
 import ast
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,12 @@ TRANSPARENT_DECORATORS = {"wraps", "functools.wraps", "lru_cache", "functools.lr
                           "functools.cache", "staticmethod", "classmethod", "no_grad", "torch.no_grad",
                           "torch.inference_mode", "inference_mode", "override", "typing.override",
                           "abstractmethod", "abc.abstractmethod", "deprecated"}
+
+
+# Attributes every module object has, whatever its source binds (`m.__dict__`, `m.__file__`, `pkg.__path__`):
+# the import machinery sets them, so reading one is never a missing name. `__version__` is not among them.
+MODULE_DUNDERS = frozenset(dir(types.ModuleType) + dir(types.ModuleType("m"))) | {"__file__", "__path__", "__cached__",
+                                                                               "__builtins__"}
 
 
 @dataclass
@@ -94,7 +101,7 @@ class ApiModel:
 
     def _name_in_module(self, module: str, name: str, depth: int) -> str:
         pkg = self.owner(module)
-        if pkg is None:
+        if pkg is None or name in MODULE_DUNDERS:
             return "yes"
         loc = self.module_exists(module)
         if self.module_exists(f"{module}.{name}") or (pkg and self.compiled(pkg, f"{module}.{name}")):

@@ -4,13 +4,15 @@ rules that applied, so a suppressed finding is counted with its reason, never dr
 
 from __future__ import annotations
 
-from rlstack.probes.discover.findings import KINDS, RULES, Discovered, Finding
+from pathlib import Path
+
+from rlstack.probes.discover.findings import KINDS, RULES, UNCHECKED, Discovered, Finding
 from rlstack.probes.model import Evidence, ProbeResult
 
 
-def render(found: Discovered, errors: dict[str, str]) -> list[ProbeResult]:
+def render(found: Discovered, errors: dict[str, str], side: Path | None = None) -> list[ProbeResult]:
     """Discovery's findings as probe results; `errors`: {package: why its wheel could not be read}, which
-    leaves the summary undecided (a skip, never a pass)."""
+    leaves the summary undecided (a skip, never a pass); `side`: the file that lists every suppressed finding."""
     out: list[ProbeResult] = []
     by_id: dict[str, ProbeResult] = {}
     for f in found.findings:
@@ -23,7 +25,7 @@ def render(found: Discovered, errors: dict[str, str]) -> list[ProbeResult]:
             continue
         by_id[pid] = _result(found, pid, f)
         out.append(by_id[pid])
-    out.append(_summary(found, len(by_id), errors))
+    out.append(_summary(found, len(by_id), errors, side))
     return out
 
 
@@ -39,19 +41,23 @@ def _result(found: Discovered, pid: str, f: Finding) -> ProbeResult:
     return ProbeResult(id=pid, layer="contract", status="fail", reason=reason, evidence=ev)
 
 
-def _summary(found: Discovered, n_found: int, errors: dict[str, str]) -> ProbeResult:
+def _summary(found: Discovered, n_found: int, errors: dict[str, str], side: Path | None) -> ProbeResult:
     sup = found.suppressed()
     checked = found.checked
+    unchecked = sum(found.unchecked.values())
     reason = (f"discovery read {', '.join(found.a_set)} against the locked packages they reach: "
               f"{sum(checked.values())} contracts checked ("
               + ", ".join(f"{checked[k]} {k}s" for k in KINDS) +
               f"); {n_found} finding(s); {sum(sup.values())} suppressed by a rule ("
-              + (", ".join(f"{r}: {n}" for r, n in sup.most_common()) or "none") + ")")
+              + (", ".join(f"{r}: {n}" for r, n in sup.most_common()) or "none") + ")"
+              + (f"; {unchecked} name(s) built at run time not checked" if unchecked else ""))
     ev = [Evidence(text=f"rule {r} ({n}): {RULES[r]}") for r, n in sup.most_common()]
-    for f in [x for x in found.findings if x.rule][:200]:
-        e = f.evidence[0]
-        ev.append(Evidence(text=f"suppressed [{f.rule}] {f.kind} {f.a}->{f.b}: {f.message[:200]}", package=e.package,
-                           file=e.file, line=e.line))
+    ev += [Evidence(text=f"unchecked {r} ({n}): {UNCHECKED[r]}") for r, n in found.unchecked.most_common()]
+    # every suppression, counted per package pair and rule; each one, with its site, in the side file
+    ev += [Evidence(text=f"suppressed {pair}: " + ", ".join(f"{r} {n}" for r, n in c.most_common()))
+           for pair, c in found.suppressed_by_pair().items()]
+    if side is not None:
+        ev.append(Evidence(text=f"every suppressed finding, with its rule and site: {side}"))
     undecided = sorted(errors)
     if undecided:
         reason += f"; UNDECIDED: cannot read {', '.join(undecided)}"

@@ -15,7 +15,7 @@ import ast
 import re
 
 from rlstack.probes import contract, pyast
-from rlstack.probes.discover.findings import PassResult
+from rlstack.probes.discover.findings import PassResult, Ref
 from rlstack.probes.discover.model import ApiModel, Params, Scope, params, signature_text
 from rlstack.probes.discover.sites import Site, Uses, setattr_assign
 from rlstack.probes.model import Evidence
@@ -25,25 +25,28 @@ Def = ast.FunctionDef | ast.AsyncFunctionDef
 
 def find(model: ApiModel, uses: Uses) -> PassResult:
     out = PassResult("replacement")
+    named = {r for refs in uses.refs.values() for r in refs}  # what any A imports or names by string
     for site, i, node in uses.statement_nodes():
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 if isinstance(t, ast.Attribute):
-                    _Replacement(model, site, (site.seq, i), out).check(node, t)
+                    _Replacement(model, site, (site.seq, i), out, named).check(node, t)
         elif isinstance(node, ast.Call) and (fake := setattr_assign(node)) is not None:
-            _Replacement(model, site, (site.seq, i), out).check(*fake)
+            _Replacement(model, site, (site.seq, i), out, named).check(*fake)
     return out
 
 
 class _Replacement:
     """One assignment onto B, checked: what it replaces, what it installs, and how B uses the original."""
 
-    def __init__(self, model: ApiModel, site: Site, order: tuple[int, ...], out: PassResult) -> None:
-        self.model, self.site, self.order, self.out = model, site, order, out
+    def __init__(self, model: ApiModel, site: Site, order: tuple[int, ...], out: PassResult,
+                 named: set[str]) -> None:
+        self.model, self.site, self.order, self.out, self.named = model, site, order, out, named
         self.a = site.ctx.a
 
     def check(self, node: ast.Assign, t: ast.Attribute) -> None:
         scope = self.site.ctx.scope
+        self.target_node: ast.expr = t
         hit = self.model.target(t, scope)
         if hit is None:
             return
@@ -64,10 +67,50 @@ class _Replacement:
         vpkg, vfile, vnode = value
         loc = self.model.module_exists(module)
         assert loc is not None
+        if not self._original(b, module, path, loc, ev):
+            return
         if isinstance(vnode, ast.ClassDef) and len(path) == 1:
             self._replaced_class(b, module, path[0], vpkg, vfile, vnode, loc)
         elif isinstance(vnode, ast.FunctionDef | ast.AsyncFunctionDef):
             self._replaced_function(b, module, path, vnode, vpkg, vfile, loc, ev)
+
+    def _original(self, b: str, module: str, path: list[str], loc: tuple[str, str], ev: list[Evidence]) -> bool:
+        """Whether B still defines what the assignment replaces (a module attribute, or a class's method or
+        attribute); a reference to mutate when it does. When it does not, the patch replaces nothing B uses (B
+        renamed or moved it, and A's fix silently stops applying): a finding, unless some A imports or names
+        the target (then it is a shim that adds the name on purpose, and those reads are checked instead)."""
+        target = ".".join([module, *path])
+        m = self.model
+        if len(path) == 1:
+            there = m.name_in_module(module, path[0]) != "no"
+        elif len(path) == 2:
+            opkg, ofile, onode, status = m.an.lookup(loc[0], loc[1], path[0])
+            if status == "found" and isinstance(onode, ast.ClassDef):
+                members, external = m.an.mro_members(opkg, ofile, onode)
+                there = path[1] in members or bool(external) or path[1].startswith("__")
+            else:
+                there = status != "missing" or m.name_in_module(module, path[0]) != "no"
+        else:
+            return True
+        ctx = self.site.ctx
+        if there:
+            self.out.refs.append(Ref("replacement", self.a, b, module, ".".join(path), ctx.file, ev[0].line or 0,
+                                     ctx.live is True))
+            return True
+        if target in self.named or ctx.live is False:
+            return False
+        if len(path) == 1:  # assigning a module attribute B lacks adds it: nothing fails, and nothing in B reads it
+            rule: str | None = "adds-name"
+        else:  # `Cls.meth = f` where B has no Cls raises AttributeError there, unless the name is A's fallback
+            root = pyast.attribute_chain(self.target_node)[0]
+            info = m.an.info(self.a, ctx.file)
+            in_try = isinstance(root, ast.Name) and info is not None and any(
+                x.in_try for x in info.bindings.get(root.id, []))
+            rule = "caught" if ctx.caught or in_try else "guard-unknown" if ctx.live is None else None
+        self._add(b, f"{self.a} replaces {target}, which {b} {m.version(b)} does not define: the patch installs a "
+                     f"name nothing in {b} uses (renamed or moved there), so what it fixes is no longer fixed",
+                  ev, rule, target)
+        return False
 
     def _add(self, b: str, message: str, ev: list[Evidence], rule: str | None, key: str) -> None:
         self.out.add(self.a, b, message, ev, rule, key, self.order)

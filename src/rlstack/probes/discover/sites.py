@@ -3,7 +3,9 @@ in this stack, with where it sits (the guards around it, what catches its failur
 in scope), for the passes to check against the ApiModel.
 
 The walk is the one place that decides which paths run (guards evaluated against the lock by
-rlstack.probes.discover.guards; an early exit guards the rest of its block) and which names a statement sees
+rlstack.probes.discover.guards; an early exit guards the rest of its block; a try whose import fails on this
+lock runs its handler, which is walked and checked like any other path, while the handler of a try that runs
+through is read only for what it binds in its place: a stub, or a working alternative) and which names a statement sees
 (module imports, a function's own imports, less the names it rebinds), so the passes agree on both. It also
 collects what a pass needs about A as a whole before checking any of it: the modules A references (an import
 or a string naming them) and the names A assigns onto B's modules itself.
@@ -13,14 +15,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from rlstack.probes import contract, pyast
 from rlstack.probes.discover.guards import Guards
 from rlstack.probes.discover.model import ApiModel, Bound, Scope
+
+# what the handler of a catching try binds a name to: "stub" (a placeholder class, a def that only raises: the
+# failure moves to where the name is used), "alternative" (another import, a shim with a body), "none" (None or
+# a flag the code tests before use)
+Fallback = tuple[str, int, str]  # (kind, line, source text)
 
 CATCHES = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError", "Exception", "BaseException",
            "NameError", "RuntimeError", "ValueError", "KeyError"}
@@ -39,6 +47,11 @@ class Ctx:
     func: str | None = None
     local: Scope = field(default_factory=dict)  # the enclosing functions' own imports
     shadow: frozenset[str] = frozenset()  # names the function binds itself (parameters, assignments)
+    # what the handlers of the enclosing catching trys bind each name to, innermost first
+    fallback: Mapping[str, Fallback] = field(default_factory=dict)
+    # string values a name of the enclosing function can take (its str default, the constants it is compared
+    # with): what an f-string handed to eval/exec/import_module can be resolved with
+    values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @cached_property
     def scope(self) -> Scope:
@@ -52,6 +65,13 @@ class Ctx:
     def rule(self) -> str | None:
         """The suppression rule any finding here falls under, whatever its kind."""
         return "caught" if self.caught else "guard-unknown" if self.live is None else None
+
+    def stub(self, names: Iterable[str]) -> Fallback | None:
+        """The stub a catching handler binds one of these names to, if it does: a missing name there is a
+        finding, not 'caught' (the placeholder defers the failure to where the name is used)."""
+        if not self.caught:
+            return None
+        return next((fb for n in names if (fb := self.fallback.get(n)) and fb[0] == "stub"), None)
 
     @property
     def where(self) -> str:
@@ -80,8 +100,11 @@ class Uses:
 
     sites: list[Site] = field(default_factory=list)
     refs: dict[str, set[str]] = field(default_factory=dict)  # A -> the modules (and names) it references
-    # A -> {(B module, name): (file, line)} that A assigns onto B's modules itself
+    # A -> {(B module, name): (file, line)} that A assigns onto B's modules itself on a path that runs here
     installs: dict[str, dict[tuple[str, str], tuple[str, int]]] = field(default_factory=dict)
+    # A -> {(B module, name): [(file, line, function or None, live)]}: every such assignment, wherever it is
+    install_sites: dict[str, dict[tuple[str, str], list[tuple[str, int, str | None, bool | None]]]] = field(
+        default_factory=dict)
     end: dict[str, int] = field(default_factory=dict)  # A -> a seq after all its sites (where its pastes go)
 
     def referenced(self, a: str, f: str) -> bool:
@@ -98,8 +121,19 @@ class Uses:
             return "in-function-import"
         return None if self.referenced(ctx.a, ctx.file) else "unreferenced-module"
 
-    def installed_by_a(self, a: str, module: str, name: str) -> bool:
-        return (module, name) in self.installs.get(a, {})
+    def installed_by_a(self, ctx: Ctx, module: str, name: str, line: int) -> str | None:
+        """The rule a read of a name B lacks falls under because A assigns that name onto B itself: only an
+        assignment that runs in this stack counts ('installed-by-a'; under a guard this cannot read:
+        'guard-unknown'), and not one later in the same module than a module-level read (it runs after the read
+        failed). None when no such assignment excuses it."""
+        rule = None
+        for file, at, func, live in self.install_sites.get(ctx.a, {}).get((module, name), []):
+            if live is False or (file == ctx.file and func is None and ctx.func is None and at > line):
+                continue
+            if live:
+                return "installed-by-a"
+            rule = "guard-unknown"
+        return rule
 
     def statement_nodes(self) -> Iterator[tuple[Site, int, ast.Assign | ast.Call]]:
         """(site, place, node) for the assignments and calls of every simple statement but an import, in
@@ -109,12 +143,19 @@ class Uses:
                 yield site, i, node
 
 
-def walk(model: ApiModel, a_set: Sequence[str]) -> Uses:
-    """The use sites of every A package with sources, in a_set's order."""
+def walk(model: ApiModel, a_set: Sequence[str], only: Mapping[str, Collection[str]] | None = None,
+         known: Uses | None = None) -> Uses:
+    """The use sites of every A package with sources, in a_set's order. `only` ({A: files}) walks just those
+    files of each A, and `known` supplies what is collected about A as a whole (references, installs) from a
+    full walk of the same A sources: how a rerun after a change to B's sources stays as cheap as the files
+    that change can reach (bench/probe_mutation)."""
     walker = _Walker(model)
     for a in a_set:
-        if a in model.src.wheels:
-            walker.package(a)
+        if a in model.src.wheels and (only is None or a in only):
+            walker.package(a, None if only is None else only[a])
+    if known is not None:
+        walker.uses.refs, walker.uses.installs = known.refs, known.installs
+        walker.uses.install_sites = known.install_sites
     return walker.uses
 
 
@@ -125,8 +166,9 @@ class _Walker:
         self.uses = Uses()
         self._seq = 0
 
-    def package(self, a: str) -> None:
-        files = sorted(n for n in self.model.src.names(a) if n.endswith(".py") and "/tests/" not in f"/{n}")
+    def package(self, a: str, only: Collection[str] | None = None) -> None:
+        files = sorted(n for n in self.model.src.names(a) if n.endswith(".py") and "/tests/" not in f"/{n}"
+                       and (only is None or n in only))
         self.uses.refs.setdefault(a, set())
         self.uses.installs.setdefault(a, {})
         for f in files:
@@ -150,8 +192,9 @@ class _Walker:
             if ctx.live is False:
                 return
             if isinstance(s, ast.If):
-                self._site(ctx, None, [s.test])
-                g = self.guards.guard(s.test, versions)
+                has = functools.partial(self._has, ctx)
+                self._site(ctx, None, self.guards.operands(s.test, versions, has))
+                g = self.guards.guard(s.test, versions, has)
                 live_body = ctx.live if g is True else False if g is False else None if ctx.live else ctx.live
                 live_else = ctx.live if g is False else False if g is True else None if ctx.live else ctx.live
                 self._stmts(s.body, dataclasses.replace(ctx, live=live_body), versions)
@@ -164,18 +207,25 @@ class _Walker:
                 if (body_exits or else_exits) and g is None and ctx.live:
                     ctx = dataclasses.replace(ctx, live=None)
             elif isinstance(s, ast.Try | ast.TryStar):
-                caught = dataclasses.replace(ctx, caught=ctx.caught or any(_catches(h) for h in s.handlers))
+                catching = [h for h in s.handlers if _catches(h)]
+                fallback = {**ctx.fallback, **fallbacks(catching)} if catching else ctx.fallback
+                caught = dataclasses.replace(ctx, caught=ctx.caught or bool(catching), fallback=fallback)
                 self._stmts(s.body, caught, versions)
-                self._stmts(s.orelse, caught, versions)
+                if catching and self._fails(s.body, ctx):
+                    # an import of the body fails on this lock: the handler is the path that runs, and is checked
+                    for h in catching:
+                        self._stmts(h.body, ctx, versions)
+                else:  # the body runs through: the handlers never do here, the else-branch does
+                    self._stmts(s.orelse, caught, versions)
                 self._stmts(s.finalbody, ctx, versions)
-                # except-branches are fallbacks: they run only when the body failed
             elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
                 # decorators and defaults run where the def is, in the enclosing path
                 self._site(ctx, None, [*s.decorator_list, *s.args.defaults, *(d for d in s.args.kw_defaults if d)])
                 imports_in, names_in = function_scope(s, pyast.relative_base(ctx.file))
                 local = {**ctx.local, **imports_in}
                 shadow = (ctx.shadow | names_in) - set(local)
-                self._stmts(s.body, dataclasses.replace(ctx, func=s.name, local=local, shadow=shadow), versions)
+                self._stmts(s.body, dataclasses.replace(ctx, func=s.name, local=local, shadow=shadow,
+                                                        values={**ctx.values, **string_values(s)}), versions)
             elif isinstance(s, ast.ClassDef):
                 self._site(ctx, None, [*s.decorator_list, *s.bases, *(k.value for k in s.keywords)])
                 self._stmts(s.body, ctx, versions)
@@ -187,6 +237,41 @@ class _Walker:
                 self._stmts(getattr(s, "orelse", []), ctx, versions)
             else:
                 self._site(ctx, s, [s], self._collect(ctx, s))
+
+    def _has(self, ctx: Ctx, e: ast.expr, name: str) -> bool | None:
+        """`hasattr(e, name)` on this lock, where e is a module of B's sources (through the imports the
+        statement sees); None for anything else."""
+        m = self.model
+        full = None
+        if isinstance(e, ast.Name) and e.id in ctx.scope:
+            module, attr = ctx.scope[e.id]
+            full = module if attr is None else f"{module}.{attr}"
+        elif isinstance(e, ast.Attribute) and (hit := m.module_chain(e, ctx.scope)) is not None:
+            full = ".".join([hit[0], *hit[1]])
+        if not full or m.owner(full) not in m.src.wheels or m.module_exists(full) is None:
+            return None
+        got = m.name_in_module(full, name)
+        return True if got == "yes" else False if got == "no" else None
+
+    def _fails(self, body: list[ast.stmt], ctx: Ctx) -> bool:
+        """An import at the top of a try body names a module or name that is not in the locked sources (its
+        package is read, so the answer is known): the import raises here and the handler runs."""
+        m = self.model
+        for s in body:
+            if not isinstance(s, ast.Import | ast.ImportFrom):
+                continue
+            for local, (module, attr) in import_bindings(s, pyast.relative_base(ctx.file)).items():
+                pkg = m.owner(module)
+                if pkg is None or pkg not in m.src.wheels:
+                    continue
+                if attr is None:
+                    full = module if isinstance(s, ast.ImportFrom) else next(
+                        x.name for x in s.names if (x.asname or x.name.split(".")[0]) == local)
+                    if not (m.module_exists(full) or m.compiled(pkg, full)):
+                        return True
+                elif m.name_in_module(module, attr) in ("no", "no-module"):
+                    return True
+        return False
 
     def _collect_strings(self, a: str, tree: ast.Module) -> None:
         refs = self.uses.refs[a]
@@ -207,8 +292,11 @@ class _Walker:
                     refs.add(f"{module}.{attr}")
             if isinstance(s, ast.Import):
                 refs |= {x.name for x in s.names}
+            elif any(x.name == "*" for x in s.names):  # `from B.x import *` imports B.x as surely as any other
+                refs.add(pyast._resolve_relative(s.module, s.level, pyast.relative_base(ctx.file)))
             return ()
         got = self.uses.installs[ctx.a]
+        every = self.uses.install_sites.setdefault(ctx.a, {})
         nodes: list[tuple[int, ast.Assign | ast.Call]] = []
         for i, node in enumerate(pyast.walk(s)):
             targets: list[ast.Attribute] = []
@@ -224,7 +312,10 @@ class _Walker:
             for t in targets:
                 hit = self.model.module_chain(t, ctx.scope)
                 if hit is not None and len(hit[1]) == 1:
-                    got.setdefault((hit[0], hit[1][0]), (ctx.file, getattr(node, "lineno", 0)))
+                    line = getattr(node, "lineno", 0)
+                    every.setdefault((hit[0], hit[1][0]), []).append((ctx.file, line, ctx.func, ctx.live))
+                    if ctx.live:
+                        got.setdefault((hit[0], hit[1][0]), (ctx.file, line))
         return tuple(nodes)
 
 
@@ -235,6 +326,81 @@ def setattr_assign(node: ast.Call) -> tuple[ast.Assign, ast.Attribute] | None:
         target = ast.Attribute(value=node.args[0], attr=str(node.args[1].value), ctx=ast.Store())
         return ast.Assign(targets=[target], value=node.args[2], lineno=node.lineno), target
     return None
+
+
+def fallbacks(handlers: Sequence[ast.ExceptHandler]) -> dict[str, Fallback]:
+    """{name: (kind, line, text)} for what catching handlers bind (the first binding of a name wins, nested
+    trys and ifs included): 'stub' for a placeholder class (`class X: pass`) or a def whose body only raises
+    or passes, 'none' for None, 'alternative' for anything else (an import, a shim with a body)."""
+    out: dict[str, Fallback] = {}
+
+    def visit(stmts: list[ast.stmt]) -> None:
+        for s in stmts:
+            if isinstance(s, ast.Try | ast.TryStar):
+                visit(s.body)
+                for h in s.handlers:
+                    visit(h.body)
+            elif isinstance(s, ast.If):
+                visit(s.body)
+                visit(s.orelse)
+            elif isinstance(s, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                kind = "stub" if _placeholder(s) else "alternative"
+                head = ast.unparse(s).split("\n")[0]  # `class X:` then its first statement: `class X: pass`
+                out.setdefault(s.name, (kind, s.lineno, f"{head} {ast.unparse(s.body[-1]).split(chr(10))[0]}"[:120]))
+            elif isinstance(s, ast.Import | ast.ImportFrom):
+                for x in s.names:
+                    out.setdefault(x.asname or x.name.split(".")[0], ("alternative", s.lineno, ast.unparse(s)[:120]))
+            elif isinstance(s, ast.Assign):
+                none = isinstance(s.value, ast.Constant) and s.value.value in (None, False)
+                for tgt in s.targets:
+                    for n in ast.walk(tgt):
+                        if isinstance(n, ast.Name):
+                            out.setdefault(n.id, ("none" if none else "alternative", s.lineno, ast.unparse(s)[:120]))
+
+    for h in handlers:
+        visit(h.body)
+    return out
+
+
+def _placeholder(d: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A class whose body is only `pass`, `...` or a docstring; a def whose body only raises (or does nothing)."""
+    body = [s for s in d.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if isinstance(d, ast.ClassDef):
+        return all(isinstance(s, ast.Pass) for s in body)
+    return all(isinstance(s, ast.Pass | ast.Raise) for s in body)
+
+
+def string_values(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, tuple[str, ...]]:
+    """{name: the strings it can hold} for a function's parameters with a str default and the names it assigns
+    only string constants: the default or constants, plus every constant the name is compared with (`x ==
+    "a"`, `x in ("b", "c")`), which is how a dispatch over a known list of values reads."""
+    vals: dict[str, set[str]] = {}
+    a = fn.args
+    pos = [*a.posonlyargs, *a.args]
+    for arg, default in [*zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True),
+                         *zip(a.kwonlyargs, a.kw_defaults, strict=True)]:
+        if isinstance(default, ast.Constant) and isinstance(default.value, str):
+            vals.setdefault(arg.arg, set()).add(default.value)
+    assigned: dict[str, bool] = {}
+    for n in pyast.walk(fn):
+        if isinstance(n, ast.Assign):
+            const = n.value.value if isinstance(n.value, ast.Constant) and isinstance(n.value.value, str) else None
+            for tgt in n.targets:
+                if isinstance(tgt, ast.Name):
+                    assigned[tgt.id] = assigned.get(tgt.id, True) and const is not None
+                    if const is not None:
+                        vals.setdefault(tgt.id, set()).add(const)
+        elif isinstance(n, ast.Compare) and isinstance(n.left, ast.Name) and len(n.ops) == 1:
+            right = n.comparators[0]
+            consts = [right] if isinstance(n.ops[0], ast.Eq) else \
+                list(right.elts) if isinstance(n.ops[0], ast.In) and isinstance(right, ast.Tuple | ast.List | ast.Set) \
+                else []
+            got = {c.value for c in consts if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if got:
+                vals.setdefault(n.left.id, set()).update(got)
+    ok = {x.arg for x in [*pos, *a.kwonlyargs]} | {k for k, v in assigned.items() if v}
+    return {k: tuple(sorted(v)) for k, v in vals.items() if k in ok and k not in
+            {k2 for k2, v2 in assigned.items() if not v2}}
 
 
 def _catches(h: ast.ExceptHandler) -> bool:
