@@ -103,6 +103,10 @@ def test_torch_pin_belongs_to_stack_toml(stack_tree: Path) -> None:
 
 
 def test_derived_pins_come_from_stack_toml() -> None:
-    assert stacks.load_stack("fp8").derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc==13.0.88"]
+    # nvcc, then the rest of its release that stack.toml pins as components (sorted by name)
+    assert stacks.load_stack("fp8").derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc==13.0.88",
+                                                       "nvidia-cuda-cccl==13.0.85", "nvidia-cuda-crt==13.0.88",
+                                                       "nvidia-nvvm==13.0.88"]
+    assert stacks.load_stack("portable").derived_pins() == ["torch==2.10.0"]  # its cu12 wheel holds no nvcc
     assert stacks.load_stack("fp8-report").derived_pins() == ["torch==2.11.0", "nvidia-cuda-nvcc-cu12==12.8.61"]
     assert stacks.load_stack("cpu").derived_pins() == ["torch==2.10.0"]
