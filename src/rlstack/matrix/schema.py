@@ -42,6 +42,8 @@ _STAGED_SITE = re.compile(r"^/tmp/site-[^/]+/")  # a native run's PYTHONPATH (rl
 # The same on every Linux machine: device nodes, the system toolkit (/usr/local/cuda), the driver's libraries.
 _SYSTEM = ("/dev/", "/proc/", "/sys/", "/usr/", "/etc/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/var/", "/run/")
 SITE = "<site-packages>"
+# Paths inside the stacks' images (images/Dockerfile: the venv, the project, CUDA_HOME): the same on every machine.
+IMAGE_PATHS = ("/opt/venv/", "/opt/rlstack/", "/opt/cuda/")
 
 
 def portable_path(path: str) -> str:
@@ -53,7 +55,7 @@ def portable_path(path: str) -> str:
             return f"{SITE}/{path.split(marker, 1)[1]}"
     if m := _STAGED_SITE.match(path):
         return f"{SITE}/{path[m.end():]}"
-    if path.startswith(_SYSTEM):
+    if path.startswith(_SYSTEM) or (path + "/").startswith(IMAGE_PATHS):
         return path
     parts = path.strip("/").split("/")
     if len(parts) == 1:
