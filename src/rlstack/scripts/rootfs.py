@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rlstack.core.fileio import sha256_file
 from rlstack.scripts.native_install import NativeError, _unxz, verify_parts, workers
 
 MANIFEST = "rootfs-manifest.json.gz"
@@ -44,14 +44,6 @@ NVIDIA_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 
 class RootfsError(NativeError):
     exit_code = 9
-
-
-def sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -75,7 +67,7 @@ def host_candidates(entries: list[list[Any]], host_sites: list[Path]) -> dict[st
         for site in host_sites:
             cand = site / rel
             try:
-                if cand.is_file() and cand.stat().st_size == size and sha256_path(cand) == digest:
+                if cand.is_file() and cand.stat().st_size == size and sha256_file(cand) == digest:
                     return path, cand
             except OSError:
                 continue
@@ -183,7 +175,7 @@ def verify_tree(entries: list[list[Any]], root: Path) -> list[str]:
 
     def bad(item: tuple[str, str]) -> str | None:
         path, digest = item
-        return None if sha256_path(root / path.lstrip("/")) == digest else path
+        return None if sha256_file(root / path.lstrip("/")) == digest else path
 
     with ThreadPoolExecutor(workers()) as pool:
         return [p for p in pool.map(bad, files) if p]
