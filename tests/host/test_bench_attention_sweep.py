@@ -56,10 +56,10 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
                      "--stages", "default", "--reps", "2", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/attention_sweep.json").read_text())
-    (matmul,) = [r for r in data["table"] if r["tuning"] == "matmul (every slot)"]  # the baseline, one a batch
+    (matmul,) = [r for r in data["rows"] if r["tuning"] == "matmul (every slot)"]  # the baseline, one a batch
     assert matmul["ms"] > 0 and matmul["fill"] == matmul["length"] and "ok" not in matmul
-    rows = [r for r in data["table"] if r is not matmul]
-    assert rows[0]["tuning"] == data["default"] and rows[0]["vs_default"] == 1  # the engine's shape first
+    rows = [r for r in data["rows"] if r is not matmul]
+    assert rows[0]["tuning"] == data["extra"]["default"] and rows[0]["vs_default"] == 1  # the engine's shape first
     assert {r["tuning"].split(",")[0] for r in rows} == {"block_n=32", "block_n=64"}  # fused ones too
     # the tiny cache has at most two blocks, so 512 and 2048 programs give the same splits: timed once
     assert not [r for r in rows if "programs=2048" in r["tuning"]] and "not timed again" in proc.stdout
@@ -68,5 +68,5 @@ def test_cpu_smoke_run_writes_a_row_per_shape_and_the_best_right_one(
     assert {r["tuning"].replace("fuse_merge=True", "fuse_merge=False") for r in fused} == {
         r["tuning"] for r in rows if r not in fused}
     assert all(r["ok"] and r["max_err"] < 2e-2 and r["ms"] > 0 and r["kernel_ms"] > 0 for r in rows)
-    assert set(data["best"]) == {"batch=2,fill=40"} and data["best"]["batch=2,fill=40"]["tuning"] in {
+    assert set(data["extra"]["best"]) == {"batch=2,fill=40"} and data["extra"]["best"]["batch=2,fill=40"]["tuning"] in {
         r["tuning"] for r in rows}

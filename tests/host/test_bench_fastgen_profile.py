@@ -96,7 +96,7 @@ def test_cpu_smoke_run_writes_the_parts_that_apply(tmp_path: Path,
                      "--variant", "fuse_projections=false", "--variant", "", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(Path("/tmp/rlstack-bench-smoke/fastgen_profile.json").read_text())
-    row, fused = data["table"]
+    row, fused = data["rows"]
     assert (row["variant"], fused["variant"]) == ("fuse_projections=false", "")
     # a fresh engine per variant; the default fuses, and the GEMM sum follows it
     assert row["fused_gemms_saved"] == 0 and fused["fused_gemms_saved"] > 0
