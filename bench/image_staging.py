@@ -32,7 +32,7 @@ def main() -> int:
                  "carried_mb": round(sum(float(r["carried_mb"]) for r in main_lease), 1)})
     result = results.Result(
         question="staging", title="A stack's image on a GPU host without Docker: GPU-host seconds from a bare host",
-        date="2026-12-06T06:37:00Z", columns=["phase", "held_s", "calls", "carried_mb"], rows=rows,
+        date=lease["date"], columns=["phase", "held_s", "calls", "carried_mb"], rows=rows,
         ran=results.Ran(command=f"python3 bench/image_staging.py {args.lease.relative_to(HERE.parent)}",
                         bench="image_staging", stack="fp8", options={"image": lease["image"]}),
         where=results.Where(gpu=lease["gpu"], driver=lease["driver"], environment=f"image {lease['image']}"),

@@ -11,7 +11,10 @@ image's, so a host with the same CUDA libraries does not receive them again. Not
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import json
+import lzma
 import subprocess
 import tarfile
 import time
@@ -27,6 +30,7 @@ from rlstack.scripts.rootfs import MANIFEST
 from rlstack.stacks.model import Stack
 
 HOST_MIN_BYTES = 1 << 20  # smaller files travel: cheap, and fewer host lookups
+SPEC = "rootfs-spec.json"  # how the image runs there (run_spec)
 PART_BYTES = 55 << 20  # under the GPU lender's 64 MiB a call, with room for a working tree of ~8 MB
 # Lists every distribution of the image with its wheel tags and files (run inside the image, its own Python).
 LIST_DISTS = """
@@ -78,10 +82,11 @@ def image_dists(tag: str) -> list[dict[str, Any]]:
     return dists
 
 
-def export(tag: str, out: Path, *, host_packages: Path | None = None, preset: int = 1,
+def export(stack: Stack, tag: str, out: Path, *, host_packages: Path | None = None, preset: int = 1,
            part_bytes: int = PART_BYTES, manifest_only: bool = False, previous: Path | None = None
            ) -> dict[str, Any]:
-    """Write out/MANIFEST, out/parts.json and out/part-NNN for `tag`; returns the summary. manifest_only: the
+    """Write out/MANIFEST, out/parts.json, out/part-NNN and out/rootfs-spec.json (run_spec) for `tag`, an image
+    of `stack`; returns the summary. manifest_only: the
     manifest alone (seconds, not minutes: nothing is compressed), for a first look at what a host can supply.
     previous: an earlier export of this stack whose parts the host already holds: contents in it stay out of
     these parts (a rebuilt image whose lock did not change then carries only rlstack's own files)."""
@@ -121,6 +126,7 @@ def export(tag: str, out: Path, *, host_packages: Path | None = None, preset: in
     summary = {**stats, "entries": len(entries), "parts": len(sink.parts),
                "carried_bytes": sum(p["size"] for p in sink.parts), "seconds": round(time.monotonic() - t0, 1)}
     (out / "export.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / SPEC).write_text(json.dumps(run_spec(stack, tag, config), indent=1) + "\n")
     return summary
 
 
@@ -143,9 +149,6 @@ def _entry(m: tarfile.TarInfo, image: tarfile.TarFile, blobs: tarfile.TarFile, s
            shipped: set[str], stats: dict[str, int]) -> list[Any] | None:
     """The manifest row of one member; a file's content goes into `blobs` (once per content) unless the host
     supplies it."""
-    import hashlib
-    import io
-
     path = "/" + m.name.lstrip("./")
     if m.isdir():
         return ["d", path, m.mode, m.uid, m.gid, 0, "", ""]
@@ -179,9 +182,6 @@ def repartition(folder: Path, part_bytes: int) -> int:
     """Cut an export's xz parts again into parts of at most part_bytes, at xz stream edges (a part is whole
     streams: XzParts), rewriting parts.json; for a call whose working tree leaves less room than planned.
     The joined stream, and so tar_sha256, is unchanged. Returns the number of parts."""
-    import hashlib
-    import lzma
-
     index = json.loads((folder / "parts.json").read_text())
     streams: list[tuple[bytes, int]] = []  # (compressed stream, its raw size)
     for part in index["parts"]:

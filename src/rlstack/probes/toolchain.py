@@ -393,11 +393,7 @@ def evaluate(rule: Rule, sources: SourceSet, *, gpu_arch: str, toolkit: str | No
         need = m.groupdict().get("min")
         if need is None:
             return res("skip", "rule source has no threshold", ev)
-        if rule.toolkit_source:
-            tl = find_line(sources, rule.toolkit_source)
-            if tl:
-                ev.append(Evidence(text=rule.toolkit_source.note or tl[1].string.strip(),
-                                   package=rule.toolkit_source.package, file=rule.toolkit_source.file, line=tl[0]))
+        ev += toolkit_evidence(rule, sources)
         have: str | None = toolkit
         if toolkit:
             what = f"nvcc at {found.where()}" if found and found.nvcc else "nvcc"
@@ -439,11 +435,7 @@ def _jit(rule: Rule, res: Any, ev: list[Evidence], sources: SourceSet, image: Im
     read torch's CUDA instead); one that is not the stack's pinned wheel is too."""
     if image is None or found is None:
         return res("skip", "undecided: no model of the image's toolkit (its wheels were not read)", ev)
-    if rule.toolkit_source:
-        tl = find_line(sources, rule.toolkit_source)
-        if tl:
-            ev.append(Evidence(text=rule.toolkit_source.note or tl[1].string.strip(),
-                               package=rule.toolkit_source.package, file=rule.toolkit_source.file, line=tl[0]))
+    ev += toolkit_evidence(rule, sources)
     ev.append(_lookup_evidence(image, found))
     if found.nvcc is None:
         why = f" ({image.problem}: the image build cannot make {image.home})" if image.problem else ""
@@ -533,11 +525,7 @@ def _torch_major(rule: Rule, res: Any, ev: list[Evidence], sources: SourceSet, *
     built = torch_version_cuda(sources) or torch_cuda
     if built is None:
         return res("pass", "torch is not built for CUDA: the rule does not bind", ev)
-    if rule.toolkit_source:
-        tl = find_line(sources, rule.toolkit_source) if sources.has(rule.toolkit_source.package) else None
-        if tl:
-            ev.append(Evidence(text=rule.toolkit_source.note or tl[1].string.strip(),
-                               package=rule.toolkit_source.package, file=rule.toolkit_source.file, line=tl[0]))
+    ev += toolkit_evidence(rule, sources)
     ev.append(Evidence(text=f"nvcc (the one the image's JIT compilers find) = {toolkit}; torch.version.cuda = {built}"))
     have, want = version_tuple(toolkit), version_tuple(built)
     if have[:1] != want[:1]:
@@ -548,6 +536,16 @@ def _torch_major(rule: Rule, res: Any, ev: list[Evidence], sources: SourceSet, *
         return res("pass", f"nvcc {toolkit} and torch's CUDA {built} share the major (a minor mismatch: torch warns)",
                    ev)
     return res("pass", f"nvcc {toolkit} is torch's CUDA {built}", ev)
+
+
+def toolkit_evidence(rule: Rule, sources: SourceSet) -> list[Evidence]:
+    """The line of the rule's toolkit_source (where the library reads its toolkit), when the rule names one and
+    the package is in the set."""
+    ref = rule.toolkit_source
+    tl = find_line(sources, ref) if ref and sources.has(ref.package) else None
+    if ref is None or tl is None:
+        return []
+    return [Evidence(text=ref.note or tl[1].string.strip(), package=ref.package, file=ref.file, line=tl[0])]
 
 
 def torch_version_cuda(sources: SourceSet) -> str | None:

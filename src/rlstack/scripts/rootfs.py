@@ -85,8 +85,9 @@ def survey(manifest: dict[str, Any], host_sites: list[Path]) -> dict[str, Any]:
     facts["unshare"] = subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
     facts["chroot"] = shutil.which("chroot")
     facts["nvidia_nodes"] = sorted(p.name for p in Path("/dev").glob("nvidia*"))
-    facts["driver_dir"] = str(driver_dir() or "")
-    facts["driver_files"] = sorted(p.name for p in (driver_dir() or Path("/nonexistent")).glob("*"))[:400]
+    drv = driver_dir()
+    facts["driver_dir"] = str(drv or "")
+    facts["driver_files"] = sorted(p.name for p in drv.glob("*"))[:400] if drv else []
     return facts
 
 

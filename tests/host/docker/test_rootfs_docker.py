@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlstack import stacks
 from rlstack.host import rootfs
 from rlstack.scripts import rootfs as runner
 
@@ -26,7 +27,7 @@ def _namespaces_work() -> bool:
 @pytest.mark.skipif(not _namespaces_work(), reason="needs root and mount namespaces (unshare -m)")
 def test_export_assemble_run_round_trip(base_image: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    summary = rootfs.export(base_image, out, preset=0)
+    summary = rootfs.export(stacks.load_stack("cpu"), base_image, out, preset=0)
     assert summary["parts"] >= 1 and summary["files"] > 1000
     root = tmp_path / "root"
     report = runner.assemble(runner.load_manifest(out / runner.MANIFEST), out, root, [])
@@ -52,7 +53,7 @@ def test_export_assemble_run_round_trip(base_image: str, tmp_path: Path) -> None
 @pytest.mark.skipif(not _namespaces_work(), reason="needs root and mount namespaces (unshare -m)")
 def test_a_tampered_tree_is_refused(base_image: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rootfs.export(base_image, out, preset=0)
+    rootfs.export(stacks.load_stack("cpu"), base_image, out, preset=0)
     manifest = runner.load_manifest(out / runner.MANIFEST)
     victim = next(e for e in manifest["entries"] if e[0] == "f" and e[5] > 0)
     victim[6] = "0" * 64  # the manifest now says another content: assembly must notice

@@ -84,10 +84,7 @@ def rootfs_export(
     from rlstack.host import images, rootfs
 
     p = images.require_built(_plan(stack, base_image, ca_cert))
-    dest = Path(out)
-    summary = rootfs.export(p.tag, dest, host_packages=Path(host_packages) if host_packages else None,
+    summary = rootfs.export(p.stack, p.tag, Path(out), host_packages=Path(host_packages) if host_packages else None,
                             preset=preset, manifest_only=manifest_only)
-    spec = rootfs.run_spec(p.stack, p.tag, rootfs.image_config(p.tag))
-    (dest / "rootfs-spec.json").write_text(json.dumps(spec, indent=1) + "\n")
     print(json.dumps(summary))
     return 0
