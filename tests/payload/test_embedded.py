@@ -203,6 +203,29 @@ def test_fetch_convert_cache_then_reuse_offline(wheelhouse: tuple[Path, Embedded
     assert err.value.hint and "delete" in err.value.hint
 
 
+def test_padded_variant_is_aligned_checked_and_cached_apart(wheelhouse: tuple[Path, EmbeddedModel], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pad_to model is the same weights at block-aligned widths, in its own cache folder; a padding that changed
+    the function is refused before anything is cached."""
+    from dataclasses import replace
+
+    from rlstack.payload import padding
+
+    links, record = wheelhouse
+    padded = replace(record, key=record.key + "-b32", pad_to=32)
+    folder = embedded.ensure(padded, root=tmp_path / "cache", find_links=links)
+    assert folder == embedded.folder_for(padded, tmp_path / "cache") != embedded.folder_for(record, tmp_path / "cache")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (64, 8, 4)
+    embedded.check_cached(padded, folder)
+
+    monkeypatch.setattr(padding.math, "sqrt", lambda x: 1.0)  # norms not rescaled: another function
+    broken = replace(record, key=record.key + "-bad", pad_to=32)
+    with pytest.raises(EmbeddedModelError, match="logits differ"):
+        embedded.ensure(broken, root=tmp_path / "cache", find_links=links)
+    assert not embedded.folder_for(broken, tmp_path / "cache").exists()
+
+
 def _never_convert(gguf_path: Path, out: Path) -> None:
     raise AssertionError("a refused file must not be converted")
 

