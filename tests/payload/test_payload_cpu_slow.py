@@ -10,6 +10,7 @@ import pytest
 
 from rlstack.cli import main
 from rlstack.payload import adapters
+from rlstack.payload.train import runs
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +47,7 @@ def test_train_then_eval(env: Path) -> None:
                 "score_s", "train_s"} <= set(r)
         assert r["generate_s"] > 0 and r["generate_s"] + r["score_s"] <= r["step_time_s"]  # a rollout every step
     assert (run / "reward_curve.png").stat().st_size > 1000
+    assert (run / runs.SCRATCH).is_dir()  # the loop ran from the run's own scratch folder (runs.in_scratch)
 
     out = env / "eval"
     assert main(["eval", "--adapter", "t", "-n", "6", "--max-new-tokens", "8", "--output", str(out)]) == 0

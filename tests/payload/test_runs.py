@@ -128,10 +128,29 @@ def test_a_crash_before_the_first_checkpoint_names_one_command(env: Path) -> Non
 
 def test_clear_removes_the_run_files_only(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "scratch" / "grpo_trainer_lora_model").mkdir(parents=True)
     for name in ("metrics.jsonl", "recipe.json", "DONE", "reward_curve.png", "notes.txt", ".rlstack-lock"):
         (tmp_path / name).write_text("x")
     runs.clear(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".rlstack-lock", "notes.txt"]
+
+
+def test_the_training_loop_writes_relative_paths_into_the_run_folder(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """What unsloth_zoo's load_lora does on every vLLM rollout (a relative save) lands in the run's scratch folder,
+    not in the working folder (read-only in an image); the working folder comes back, after an error too."""
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run_dir = tmp_path / "runs" / "r"
+    with runs.in_scratch(run_dir) as scratch:
+        Path("grpo_trainer_lora_model").mkdir()
+        (Path("grpo_trainer_lora_model") / "adapter_config.json").write_text("{}")
+    assert (run_dir / runs.SCRATCH / "grpo_trainer_lora_model" / "adapter_config.json").is_file()
+    assert scratch == run_dir / runs.SCRATCH and Path.cwd() == elsewhere and not list(elsewhere.iterdir())
+    with pytest.raises(RuntimeError), runs.in_scratch(run_dir):
+        raise RuntimeError("a failing step")
+    assert Path.cwd() == elsewhere
 
 
 def test_a_second_training_of_one_name_stops_at_once_and_names_the_holder(env: Path) -> None:

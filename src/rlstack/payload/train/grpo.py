@@ -238,7 +238,8 @@ def run(recipe: Recipe, *, data: str | None = None, adapter_name: str | None = N
             name = name or f"{recipe.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
             run_dir = runs_root() / name
     name = check_name(name or run_dir.name, "adapter name")
-    root = adapters_root or adapters.default_root()
+    # absolute: training runs from the run's scratch folder (runs.in_scratch), where a relative path would move
+    run_dir, root = run_dir.absolute(), (adapters_root or adapters.default_root()).absolute()
     if ranks.is_main():  # a file in the place of either folder, or a read-only one, before any work
         check_folder(run_dir, "--output (the run folder)")
         check_folder(root, "--adapters-root (the adapter store)")
@@ -366,7 +367,7 @@ def _train(recipe: Recipe, problems: list[Any], plan: runs.Plan, *, name: str, r
     with checkpoints.disk_full_guard(
         run_dir, "training (writing a checkpoint or metrics)",
         "free disk space, then run the same command with --resume: it continues from the last sealed checkpoint",
-    ):
+    ), runs.in_scratch(run_dir):
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if not main:
         return TrainResult(root / name, None, run_dir, metrics_path, None, time.perf_counter() - t0)

@@ -15,8 +15,10 @@ The rules a user can predict:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +35,7 @@ METRICS = "metrics.jsonl"
 DONE = "DONE"
 CURVE = "reward_curve.png"
 CHECKPOINTS = "checkpoints"
+SCRATCH = "scratch"  # the training loop's working folder (in_scratch)
 # Fields a resumed session may change: how long it trains, how it checkpoints, what evaluation uses later.
 RESUMABLE = ("grpo.max_steps", "grpo.save_steps", "grpo.save_total_limit", "eval", "description", "adapter_name")
 
@@ -110,11 +113,24 @@ def _no_checkpoint(run_dir: Path, recipe: Recipe, *, resume: bool) -> RunStateEr
 
 
 def clear(run_dir: Path) -> None:
-    """Remove a run's own files (metrics, checkpoints, recipe, curve, DONE) for --overwrite; nothing else in the
-    folder (it may be a folder the user chose with --output) and not the lock."""
+    """Remove a run's own files (metrics, checkpoints, recipe, curve, DONE, scratch) for --overwrite; nothing else
+    in the folder (it may be a folder the user chose with --output) and not the lock."""
     for name in (METRICS, RECIPE, DONE, CURVE):
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+    shutil.rmtree(run_dir / SCRATCH, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def in_scratch(run_dir: Path) -> Iterator[Path]:
+    """Run the training loop from run_dir/scratch. Why: libraries write relative paths while training (unsloth_zoo's
+    load_lora saves the live LoRA config to 'grpo_trainer_lora_model' on every vLLM rollout), and an image's
+    working folder is read-only ("Read-only file system" on the first step of the fp8 stack's image); the run
+    folder is the one place a run may always write, and each run's own folder keeps two runs apart."""
+    scratch = run_dir / SCRATCH
+    scratch.mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(scratch):
+        yield scratch
 
 
 def adapter_complete(adapter_dir: Path, step: int) -> bool:
