@@ -186,6 +186,17 @@ def test_torch_checks_against_the_real_torch() -> None:
         assert any("no kernels for sm_11" in p for p in bad)
 
 
+def test_compile_imports_name_the_missing_package() -> None:
+    """A GPU stack whose environment cannot import what torch.compile imports fails the build, naming it."""
+
+    def no_setuptools(module: str) -> object:
+        raise ModuleNotFoundError("No module named 'setuptools'", name="setuptools")
+
+    problems = image_checks.check_compile_imports(no_setuptools)
+    assert len(problems) == 1 and "torch.utils.cpp_extension" in problems[0] and "setuptools" in problems[0]
+    assert image_checks.check_compile_imports(lambda module: object()) == []
+
+
 def test_image_checks_cli_fails_with_a_clear_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     lock_file = tmp_path / "requirements.lock"

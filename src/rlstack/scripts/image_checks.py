@@ -12,10 +12,11 @@ reader of installed versions (rlstack.core.pkgnames.installed_versions). Keep th
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata as md
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 # Mirrors rlstack.stacks.locks.ENTRY_RE (stdlib copy: see the module docstring).
@@ -105,6 +106,26 @@ def check_torch(torch_version: str, torch_cuda: str | None, gpu_archs: Sequence[
     return problems
 
 
+# What torch.compile's inductor imports to build its C++ wrappers (torch/_inductor/cpp_builder.py); cpp_extension
+# imports setuptools at module level, which no uv venv has unless the lock does: Unsloth's compiled GRPO loss then
+# fails at the first step (seen running the portable image on an H100, never natively, where the host's answered)
+COMPILE_MODULES = ("torch.utils.cpp_extension",)
+
+
+def check_compile_imports(importer: Callable[[str], object] = importlib.import_module) -> list[str]:
+    """The modules torch.compile needs import in this environment (GPU stacks: their training compiles)."""
+    problems = []
+    for module in COMPILE_MODULES:
+        try:
+            importer(module)
+        except ImportError as exc:
+            problems.append(
+                f"{module} cannot be imported ({exc}): torch.compile (inductor) imports it on a GPU stack's "
+                f"training path; add the missing package to the stack's requirements.in and re-lock"
+            )
+    return problems
+
+
 def run_checks(
     *, torch_version: str, torch_cuda: str | None, gpu_archs: Sequence[str], lock_text: str,
     installed: dict[str, str] | None = None,
@@ -114,6 +135,8 @@ def run_checks(
         return ["the lock has no pinned packages"]
     problems = check_environment(pins, conditional, installed if installed is not None else installed_versions())
     problems += check_torch(torch_version, torch_cuda, gpu_archs)
+    if gpu_archs:
+        problems += check_compile_imports()
     return problems
 
 
