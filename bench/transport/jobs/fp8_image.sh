@@ -7,12 +7,21 @@ MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/model
 B128=$(cd "$STASH/fidelity/models" && ls -d smollm2-135m-b128-* | head -1)
 RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
+if [ -n "${AFTER_PORTABLE_LEARNING:-}" ]; then  # a lease short of time: after portable's learning and probes,
+  # instead of its hand-off evaluations (vLLM runs alone on the GPU)
+  until [ "$(grep -c "learning-portable-\|probe-portable" "$O/timeline")" -ge 3 ]; do sleep 3; done
+  pkill -f "[j]ob-portable.sh"; pkill -f "[a]dapter-from"; sleep 5; step "portable job stopped before its hand-off"
+fi
 step start-fp8
-$RUN -- probe --stack fp8 --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-fp8-image.json \
-  > "$O/probe-fp8.log" 2>&1
-step "probe-fp8 rc $?"; cp "$RUNS/probe-fp8-image.json" "$O/" 2>/dev/null
-$RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --fp8 --backend vllm \
-  --set "model.name=/models/$B128" --work /opt/rlstack/runs/learning-fp8 --out /opt/rlstack/runs/learning-out \
-  > "$O/learning-fp8.log" 2>&1
+if [ "${STEPS:-all}" = all ]; then
+  $RUN -- probe --stack fp8 --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-fp8-image.json \
+    > "$O/probe-fp8.log" 2>&1
+  step "probe-fp8 rc $?"; cp "$RUNS/probe-fp8-image.json" "$O/" 2>/dev/null
+fi
+# from the runs volume: unsloth_zoo's load_lora saves the live LoRA config under a relative path, which the
+# image's read-only working folder refuses (the probe's grpo-step finding)
+$RUN "${MODELS[@]}" --entrypoint sh -- -c 'cd /opt/rlstack/runs && exec python3 /opt/rlstack/bench/learning.py "$@"' \
+  sh --stack-name fp8 --fp8 --backend vllm --set "model.name=/models/$B128" --work /opt/rlstack/runs/learning-fp8 \
+  --out /opt/rlstack/runs/learning-out > "$O/learning-fp8.log" 2>&1
 step "learning-fp8 rc $?"; cp "$RUNS"/learning-out/*.json "$RUNS"/learning-out/*.png "$O/" 2>/dev/null
 step end-fp8

@@ -1,8 +1,8 @@
 # The portable stack from its image on one GPU (bench/transport/image_run.sh bg portable THIS), after the fp8 job
 # has let the GPU go: learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the
-# embedded SmolLM2) and, at the same time on the same GPU, the same recipe with Unsloth's own generation (the two
-# share the GPU for the whole run, so their step times compare with each other, not with a run alone); then the
-# runtime probes and the hand-off of the fastgen adapter (evaluated on the bf16 base in portable with transformers
+# embedded SmolLM2) and, at the same time on the same GPU, the same recipe with Unsloth's own generation and the
+# runtime probes (sharing the GPU, so the two runs' step times compare with each other, not with a run alone); then
+# the hand-off of the fastgen adapter (evaluated on the bf16 base in portable with transformers
 # and in the fp8 image with vLLM, alone on the GPU, paired).
 # $RUN, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
@@ -18,12 +18,15 @@ learn() {  # ENGINE; each its own kernel cache (Unsloth writes its generated tra
 }
 while [ ! -f "$O/job-fp8.rc" ]; do sleep 5; done  # vLLM runs alone on the GPU
 step start-portable
+probe() {  # beside the learning runs: the probes check what runs, not how fast (no vLLM in portable)
+  $RUN -- probe --stack portable --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-portable-image.json \
+    > "$O/probe-portable.log" 2>&1
+  step "probe-portable rc $?"; cp "$RUNS/probe-portable-image.json" "$O/" 2>/dev/null
+}
 learn own & sleep 20
+probe & sleep 20
 learn fastgen
 wait
-$RUN -- probe --stack portable --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-portable-image.json \
-  > "$O/probe-portable.log" 2>&1
-step "probe-portable rc $?"; cp "$RUNS/probe-portable-image.json" "$O/" 2>/dev/null
 ADAPTER=/opt/rlstack/runs/$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned | tail -1)
 $RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name portable --adapter-from "$ADAPTER" \
   --backend hf --unquantized --work /opt/rlstack/runs/handoff --out /opt/rlstack/runs/learning-out \
