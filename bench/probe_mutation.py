@@ -4,7 +4,11 @@ callee, an original that A replaces) becomes a mutant: its target is deleted or 
 B's source (the module file left out, the binding's identifier renamed, the parameter renamed), the contract
 layer's discovery is run again over the A files that reference it, and the mutant is killed when a finding that
 the unmutated sources do not have appears. Each survivor is recorded with why it survived (the suppression rule
-the new break fell under, or that the target is a name B makes at run time).
+the new break fell under, or that the target is a name B makes at run time). A target all of whose referencing
+A files are modules no import path of A reaches is left out of the population before sampling, and counted
+and listed as excluded with that reason. A mutant is equivalent when B still binds the name, or when the only
+thing that catches the break is an except-branch that imports the name from elsewhere and the rerun, which
+walks that branch as the live path, finds its import on the lock.
 
 The rerun builds a new model of the mutated sources (nothing memoised carries over) and walks, from scratch,
 the A files whose checks reached the target; what discovery collects about A as a whole (its references and
@@ -92,6 +96,26 @@ def targets(found: Discovered) -> dict[Target, set[tuple[str, str]]]:
     return out
 
 
+# why a reference discovery checked is left out of the population, proven by discovery itself
+EXCLUDED = {"unreferenced-module": "every A file that makes the reference is a module no source of A imports or "
+                                   "names (Uses.referenced): no import path of A reaches it, so the reference is "
+                                   "not on a live path"}
+
+
+def population_of(found: Discovered) -> tuple[dict[Target, set[tuple[str, str]]], dict[Target, str]]:
+    """({target: {(A, file)}} on a live path, {target: EXCLUDED reason} left out): targets() less the A files
+    no import path of A reaches; a target all of whose files are such is excluded, counted and listed."""
+    keep: dict[Target, set[tuple[str, str]]] = {}
+    out: dict[Target, str] = {}
+    for t, files in targets(found).items():
+        reached = {(a, f) for a, f in files if found.uses is None or found.uses.referenced(a, f)}
+        if reached:
+            keep[t] = reached
+        else:
+            out[t] = "unreferenced-module"
+    return keep, out
+
+
 def _target(r: Ref) -> Target:
     return Target(r.kind, r.b, r.module, r.name, r.keyword)
 
@@ -173,6 +197,9 @@ class Mutator:
         args = [x for x in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs] if x.arg == t.keyword]
         if not args:
             return Mutation(why_not="the keyword is taken by **kwargs")
+        if node.args.kwarg is not None:  # the renamed keyword lands in **kwargs: no TypeError for any check to see
+            return Mutation(why_not="swallowed: the callee also takes **kwargs, so a call with the renamed keyword "
+                                    "still binds (its value no longer reaches the parameter)")
         text = self.src.read(pkg, file) or ""
         return Mutation(pkg, file, _rename(text, [(args[0].lineno, args[0].col_offset, t.keyword)]))
 
@@ -247,15 +274,47 @@ def run_mutant(stack: Stack, base: ApiModel, locked: dict[str, LockedPackage], a
     if t.keyword is None and t.name is not None and "." not in t.name and \
             model.name_in_module(t.module, t.name) == "yes":
         return False, "equivalent: B still binds the name after the change (another binding or a star import)"
+    if t.keyword is None and t.name is not None and "." in t.name and _inherited(model, t.module, t.name):
+        return False, ("equivalent: the class still has the member after the change (a base class in the sources "
+                       "defines it), so the replacement installs over it as before")
     again = discover.find(stack, src, locked, a, model=model, only=only, known=found.uses)
     new = [f for f in again.findings if f.rule is None and (f.kind, f.a, f.b, f.key) not in real]
     if new:
         return True, new[0].message[:200]
     label = t.module + (f".{t.name}" if t.name and t.keyword is None else "")
-    hits = Counter(f.rule for f in again.findings if f.rule and (label in f.key or label in f.message))
+    excused = [f for f in again.findings if f.rule and (label in f.key or label in f.message)]
+    if excused and all(f.rule == "caught" and f.fallback and _imports_instead(f.fallback) for f in excused):
+        fb = excused[0].fallback or ("", 0, "")
+        return False, (f"equivalent: the except-branch imports the name from elsewhere ({fb[2][:100]}, line {fb[1]}), "
+                       "which the rerun checked as the live path and found on this lock")
+    hits = Counter(f.rule for f in excused)
     if hits:
-        return False, "suppressed: " + ", ".join(f"{r} ({n})" for r, n in hits.most_common())
+        why = "suppressed: " + ", ".join(f"{r} ({n})" for r, n in hits.most_common())
+        caught = [f for f in excused if f.rule == "caught"]
+        if caught:  # what the except-branch does instead, so the survivor says whether the stack still runs
+            fb = next((f.fallback for f in caught if f.fallback), None)
+            why += (f"; the except-branch binds {fb[2][:100]} (line {fb[1]})" if fb else
+                    "; the except-branch binds nothing in its place (it returns, passes or logs: the step is skipped)")
+        return False, why
     return False, "no finding: the mutated target was not reported at all"
+
+
+def _inherited(model: ApiModel, module: str, name: str) -> bool:
+    """Whether `Cls.member` is still a member of the class in (mutated) B, through a base class the sources hold."""
+    cls, member = name.split(".", 1)
+    loc = model.module_exists(module)
+    if loc is None:
+        return False
+    pkg, file, node, status = model.an.lookup(loc[0], loc[1], cls)
+    if status != "found" or not isinstance(node, ast.ClassDef):
+        return False
+    members, _ = model.an.mro_members(pkg, file, node)
+    return member in members
+
+
+def _imports_instead(fb: tuple[str, int, str]) -> bool:
+    """A handler's binding that is an import (not a shim, a stub or None): the name comes from a real source."""
+    return fb[0] == "alternative" and fb[2].startswith(("from ", "import "))
 
 
 def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
@@ -270,7 +329,7 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
     found = discover.find(stack, sources, locked, a, model=base)
     full_s = time.perf_counter() - t0
     real: set[tuple[str, str, str, str]] = {(f.kind, f.a, f.b, f.key) for f in found.findings if f.rule is None}
-    population = targets(found)
+    population, excluded = population_of(found)
     chosen = sorted(population, key=lambda t: (t.b, t.module, t.name or "", t.keyword or "", t.kind))
     if sample is not None and sample < len(chosen):
         chosen = sorted(random.Random(seed).sample(chosen, sample),
@@ -292,13 +351,18 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
     rows = [r for r in rows if r not in equivalent]
     n_killed = sum(bool(r["killed"]) for r in rows)
     survivors = [r for r in rows if not r["killed"]]
-    by_reason = Counter(str(r["why"]).split(":")[0] + (":" + str(r["why"]).split(":")[1].split("(")[0]
+    by_reason = Counter(str(r["why"]).split(":")[0] + (": " + str(r["why"]).split(":")[1].split("(")[0].strip()
                                                       if str(r["why"]).startswith("suppressed") else "")
                         for r in survivors)
     return {"stack": name, "lock_hash": locks.lock_hash(stack), "a": a, "b": sorted(b),
             "unreadable": sorted(errors), "findings_unmutated": len(real),
+            "findings_unmutated_keys": sorted({f"{k[1]}->{k[2]}:{k[0]}:{k[3]}" for k in real}),
             "references_live": len({(r.a, r.file, r.line, r.module, r.name, r.keyword) for r in found.refs if r.live}),
-            "targets": len(population), "mutants": len(rows) + len(equivalent),
+            "targets": len(population), "excluded": len(excluded),
+            "excluded_by_reason": dict(Counter(excluded.values()).most_common()), "excluded_reasons": EXCLUDED,
+            "excluded_targets": [{"target": t.label(), "kind": t.kind, "b": t.b, "reason": why}
+                                 for t, why in sorted(excluded.items(), key=lambda x: x[0].label())],
+            "mutants": len(rows) + len(equivalent),
             "sampled": sample is not None and sample < len(population),
             "equivalent": len(equivalent), "equivalent_mutants": equivalent,
             "killed": n_killed, "survived": len(survivors),
@@ -353,18 +417,30 @@ def checks() -> dict[str, object]:
 def render_md(data: dict[str, object]) -> str:
     lines = [f"# Probe mutation score ({data['date']}, {data['machine']})", "",
              f"`{data['command']}`", "",
-             "| stack | lock | targets | mutants | equivalent | killed | survived | score | target |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| stack | lock | references | targets | excluded | mutants | equivalent | killed | survived | score "
+             "| target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in data["stacks"]:  # type: ignore[attr-defined]
         goal = ">= 90 %" if s["stack"].startswith("fp8") else "0 false alarms"
         score = f"{100 * s['score']:.1f} %" if s["score"] is not None else "-"
-        lines.append(f"| {s['stack']} | {s['lock_hash'][:12]} | {s['targets']} | {s['mutants']}"
+        lines.append(f"| {s['stack']} | {s['lock_hash'][:12]} | {s['references_live']} | {s['targets']} | "
+                     f"{s.get('excluded', 0)} | {s['mutants']}"
                      f"{' (sample)' if s['sampled'] else ''} | {s.get('equivalent', 0)} | {s['killed']} | "
                      f"{s['survived']} | {score} | {goal} |")
-    lines += ["", "## Survivors by reason", ""]
+    lines += ["", "references: live cross-package references discovery checked; targets: what they reach in B (a "
+              "name, module, keyword or original), the population; excluded: targets left out before sampling, "
+              "with the reason discovery proves (the JSON lists each).", "", "## Survivors by reason", ""]
     for s in data["stacks"]:  # type: ignore[attr-defined]
         lines.append(f"- {s['stack']}: " + (", ".join(f"{k} {v}" for k, v in s["survivors_by_reason"].items())
                                              or "none"))
+    lines += ["", "## Excluded before sampling", ""]
+    for s in data["stacks"]:  # type: ignore[attr-defined]
+        lines.append(f"- {s['stack']}: " + (", ".join(f"{k} {v}" for k, v in s.get("excluded_by_reason", {}).items())
+                                             or "none"))
+    lines += ["", "## Survivors", ""]
+    for s in data["stacks"]:  # type: ignore[attr-defined]
+        for r in s["survivors"]:
+            lines.append(f"- {s['stack']}: `{r['target']}` ({r['kind']}, {', '.join(r['a'])} -> {r['b']}): {r['why']}")
     extra = data.get("checks", {})
     if extra:
         lines += ["", "## Guarantees", ""]
@@ -374,8 +450,8 @@ def render_md(data: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
-COLUMNS = ["stack", "targets", "mutants", "equivalent", "killed", "survived", "score", "findings_unmutated",
-           "discovery_s"]
+COLUMNS = ["stack", "references_live", "targets", "excluded", "mutants", "equivalent", "killed", "survived", "score",
+           "findings_unmutated", "discovery_s"]
 
 
 def save(data: dict[str, Any]) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import textwrap
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -20,8 +19,13 @@ from rlstack.stacks.model import load_stack
 
 HOST = {
     "hostlib/__init__.py": "",
-    "hostlib/lora.py": "class LoRARequest:\n    pass\n\nOPTIONAL = 1\n",
-    "hostlib/api.py": "from hostlib._impl import *\n\ndef run(x, *, mode='a'):\n    return x\n",
+    "hostlib/lora.py": "class LoRARequest:\n    pass\n\nOPTIONAL = 1\nNEWER = 2\n",
+    "hostlib/engine.py": "class Base:\n    def step(self):\n        return 0\n\nclass Engine(Base):\n"
+                         "    def step(self):\n        return 1\n",
+    "hostlib/compat.py": "OLDER = 1\n",
+    "hostlib/only_orphan.py": "X = 1\n",
+    "hostlib/api.py": "from hostlib._impl import *\n\ndef run(x, *, mode='a'):\n    return x\n\n"
+                      "def loose(x, *, mode='a', **kwargs):\n    return x\n",
     "hostlib/_impl.py": "def helper(x):\n    return x\n",
     "hostlib/sub.py": "",
 }
@@ -38,8 +42,21 @@ try:
     from hostlib.lora import OPTIONAL
 except ImportError:
     OPTIONAL = None
+try:
+    from hostlib.lora import NEWER
+except ImportError:
+    from hostlib.compat import OLDER as NEWER
 
 hostlib.api.run(1, mode="b")
+hostlib.api.loose(1, mode="b")
+import hostlib.engine
+
+
+def fast_step(self):
+    return 2
+
+
+hostlib.engine.Engine.step = fast_step
 """
 
 
@@ -55,35 +72,40 @@ def mutation() -> ModuleType:
     return module
 
 
-def _wheel(tmp: Path, name: str, files: dict[str, str]) -> Path:
-    (tmp / name).mkdir(parents=True, exist_ok=True)
-    path = tmp / name / f"{name}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for member, text in files.items():
-            z.writestr(member, textwrap.dedent(text))
-    return path
+Handmade = Callable[..., tuple[SourceSet, dict[str, LockedPackage]]]  # the handmade fixture (conftest.py)
 
 
-def test_each_live_reference_is_mutated_and_killed_or_explained(tmp_path: Path, mutation: ModuleType) -> None:
+def test_each_live_reference_is_mutated_and_killed_or_explained(tmp_path: Path, mutation: ModuleType,
+                                                                handmade: Handmade) -> None:
     stack = load_stack("cpu")
-    src = SourceSet({"hostlib": _wheel(tmp_path, "hostlib", HOST),
-                     "patcher": _wheel(tmp_path, "patcher", {"patcher/__init__.py": PATCHER})})
-    locked = {"hostlib": LockedPackage("hostlib", "2.0", frozenset()),
-              "patcher": LockedPackage("patcher", "1.0", frozenset())}
+    patcher = {"patcher/__init__.py": PATCHER, "patcher/orphan.py": "from hostlib.only_orphan import X\n"}
+    src, locked = handmade(tmp_path, {"hostlib": HOST, "patcher": patcher}, {"hostlib": "2.0"})
     base = ApiModel(stack, src, locked)
     found = discover.find(stack, src, locked, ["patcher"], model=base)
     assert not [f for f in found.findings if f.rule is None]
     real: set[tuple[str, str, str, str]] = set()
-    population = mutation.targets(found)
+    population, excluded = mutation.population_of(found)
+    # patcher/orphan.py is imported by nothing of patcher: its reference is left out, with the reason
+    assert {t.label(): why for t, why in excluded.items()} == {"hostlib.only_orphan.X": "unreferenced-module"}
     got = {}
     for t in population:
         mut = mutation.Mutator(base).mutate(t)
-        assert mut.why_not is None, t
+        if mut.why_not:
+            got[t.label()] = (False, mut.why_not)
+            continue
         got[t.label()] = mutation.run_mutant(stack, base, locked, ["patcher"], found, real, t, population[t], mut)
     assert got["hostlib.lora.LoRARequest"][0]  # the stub fallback takes over: killed
     assert got["hostlib.api.helper"][0]  # bound through a star import: renamed where it is defined, killed
     assert got["hostlib.sub"][0]  # the module left out: killed
     assert got["hostlib.api.run(mode=)"][0]  # the parameter renamed: killed
-    assert got["hostlib.lora.OPTIONAL"] == (False, "suppressed: caught (1)")  # None fallback: explained
+    # a replaced method a base class defines too: the replacement installs over the inherited one, equivalent
+    assert got["hostlib.engine.Engine.step"][1].startswith("equivalent: the class still has the member")
+    # the callee also takes **kwargs: the renamed keyword still binds, so no check can fail; explained
+    assert got["hostlib.api.loose(mode=)"][1].startswith("swallowed: the callee also takes **kwargs")
+    # a None fallback: explained, with what the except-branch binds instead
+    assert got["hostlib.lora.OPTIONAL"] == (False, "suppressed: caught (1); the except-branch binds OPTIONAL = None "
+                                                   "(line 12)")
+    # the handler imports the name from a module that has it, and the rerun checked that import: equivalent
+    assert got["hostlib.lora.NEWER"][1].startswith("equivalent: the except-branch imports the name from elsewhere")
     # the unmutated sources are untouched by the scratch copies
     assert "LoRARequest_mutant" not in (src.read("hostlib", "hostlib/lora.py") or "")

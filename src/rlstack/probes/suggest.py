@@ -373,7 +373,8 @@ class Searcher:
         """The nvcc threshold the combination's own kernel libraries state for the arch (toolchain rules)."""
         need: str | None = None
         for rule in toolchain.load_rules():
-            if rule.kind != "min_toolkit" or toolchain.arch_major(self.gpu_arch) not in rule.arch_majors:
+            if (rule.kind != "min_toolkit" or rule.source is None
+                    or toolchain.arch_major(self.gpu_arch) not in rule.arch_majors):
                 continue
             pkg = normalize(rule.source.package)
             if pkg not in combo.versions:

@@ -41,7 +41,11 @@ RULES: dict[str, str] = {
     "unresolved": "the name cannot be traced to a class or function in the sources (built at runtime)",
     "in-function-import": "an import (or a read of a module attribute, `B.x.Y`) inside a function body runs only "
                           "when the function is called, and callers guard such deferred uses (a version check, a "
-                          "feature flag) in ways a static read cannot follow; module-level ones are checked",
+                          "feature flag) in ways a static read cannot follow: excused where A does not surely call "
+                          "the function from module level, a class body, a public function or one it reaches so "
+                          "(sites.reached_names), or where the read sits in an and/or operand after the first, a "
+                          "branch of `x if c else y` or a comprehension's body; module-level ones, and those in "
+                          "functions A reaches, are checked",
     "installed-by-a": "A itself assigns this name onto B's module on a path that runs in this stack (not under a "
                       "guard false here, not later in the same module than the read): a monkeypatch that adds it; "
                       "whether a patch in a function runs before the read depends on the order A calls them, which "
@@ -89,6 +93,8 @@ class Finding:
     # the passes run one after another, and their findings merge back into source order by this, so which
     # message a repeated break is rendered with does not depend on which pass ran first
     order: tuple[int, ...] = ()
+    # under 'caught': what the catching handler binds the missing name to instead (sites.Fallback), if it does
+    fallback: tuple[str, int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +125,9 @@ class PassResult:
     unchecked: Counter[str] = field(default_factory=Counter)  # UNCHECKED reason -> how many
 
     def add(self, a: str, b: str, message: str, evidence: list[Evidence], rule: str | None, key: str,
-            order: tuple[int, ...], target: tuple[str, str] | None = None) -> None:
-        self.findings.append(Finding(self.kind, a, b, message, evidence, rule, key, target, order))
+            order: tuple[int, ...], target: tuple[str, str] | None = None,
+            fallback: tuple[str, int, str] | None = None) -> None:
+        self.findings.append(Finding(self.kind, a, b, message, evidence, rule, key, target, order, fallback))
 
 
 @dataclass

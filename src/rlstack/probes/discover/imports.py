@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from rlstack.probes.discover import runtime_names
 from rlstack.probes.discover.findings import RULES, STUB, PassResult, Ref
 from rlstack.probes.discover.model import ApiModel
-from rlstack.probes.discover.sites import Ctx, Site, Uses, import_bindings
+from rlstack.probes.discover.sites import Ctx, Site, Uses, import_bindings, walk_paths
 from rlstack.probes.model import Evidence
 from rlstack.probes.pyast import relative_base
 
@@ -53,6 +53,11 @@ def bound_names(s: ast.stmt | None) -> list[str]:
     return []
 
 
+def handler_binds(ctx: Ctx, names: list[str]) -> tuple[str, int, str] | None:
+    """What the innermost catching handler around the statement binds one of these names to, if it does."""
+    return next((fb for n in names if (fb := ctx.fallback.get(n))), None) if ctx.caught else None
+
+
 def stub_note(ctx: Ctx, names: list[str]) -> str:
     """What a finding says when a stub fallback takes the missing name's place."""
     fb = ctx.stub(names) if ctx.live else None
@@ -75,7 +80,7 @@ def _imports(model: ApiModel, uses: Uses, site: Site, s: ast.Import | ast.Import
                 ref(out, model, ctx, b, full, None, s.lineno)
             else:
                 _no_module(model, site, b, full, ev, _rule(uses, site, "no-module", full, None, [local], s.lineno),
-                           out, stub_note(ctx, [local]))
+                           out, stub_note(ctx, [local]), [local])
             continue
         got = model.name_in_module(module, attr)
         if got == "yes":
@@ -84,32 +89,35 @@ def _imports(model: ApiModel, uses: Uses, site: Site, s: ast.Import | ast.Import
         rule = _rule(uses, site, got, module, attr, [local], s.lineno)
         if got == "no-module":
             _no_module(model, site, b, module, ev, "compiled-module" if model.compiled(b, module) else rule, out,
-                       stub_note(ctx, [local]))
+                       stub_note(ctx, [local]), [local])
             continue
         msg = (f"ImportError: cannot import name '{attr}' from '{module}' ({a} imports it{ctx.where}; "
                f"{b} {model.version(b)} does not define it{stub_note(ctx, [local])})")
-        out.add(a, b, msg, ev, rule, f"{module}.{attr}", (site.seq, -1), (module, attr))
+        out.add(a, b, msg, ev, rule, f"{module}.{attr}", (site.seq, -1), (module, attr),
+                handler_binds(ctx, [local]) if rule == "caught" else None)
 
 
-def _rule(uses: Uses, site: Site, got: str, module: str, name: str | None, bound: list[str], line: int
-          ) -> str | None:
-    """The rule a missing name falls under: where it is read, what B's module is (name_in_module's answer), or
-    that A installs the name itself on a path that runs before the read. None where a catching handler binds
-    the name to a stub on a live path: the stub is a finding, whatever else would excuse it."""
+def _rule(uses: Uses, site: Site, got: str, module: str, name: str | None, bound: list[str], line: int,
+          conditional: bool = False) -> str | None:
+    """The rule a missing name falls under: where it is read (`conditional`: in a part of its expression only
+    some paths evaluate, sites.walk_paths), what B's module is (name_in_module's answer), or that A installs the
+    name itself on a path that runs before the read. None where a catching handler binds the name to a stub on
+    a live path: the stub is a finding, whatever else would excuse it."""
     ctx = site.ctx
     if ctx.live and got in ("no", "no-module") and ctx.stub(bound):
         return None
-    rule = ctx.rule or (got if got in RULES else None) or uses.import_rule(ctx)
+    rule = ctx.rule or (got if got in RULES else None) or uses.import_rule(ctx, conditional)
     if rule is None and name is not None:
         rule = uses.installed_by_a(ctx, module, name, line)
     return rule
 
 
 def _no_module(model: ApiModel, site: Site, b: str, module: str, ev: list[Evidence], rule: str | None,
-               out: PassResult, note: str = "") -> None:
+               out: PassResult, note: str = "", bound: Sequence[str] = ()) -> None:
     root = model.missing_root(module)
     out.add(site.ctx.a, b, f"ModuleNotFoundError: No module named '{root}' ({site.ctx.a} imports {module}"
-            f"{site.ctx.where}; {b} {model.version(b)} does not have it{note})", ev, rule, root, (site.seq, -1))
+            f"{site.ctx.where}; {b} {model.version(b)} does not have it{note})", ev, rule, root, (site.seq, -1),
+            fallback=handler_binds(site.ctx, list(bound)) if rule == "caught" else None)
 
 
 def _chains(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
@@ -122,7 +130,7 @@ def _chains(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
     if not scope:
         return
     done: set[tuple[str, str]] = set()
-    for node in _longest_loads(site.reads):
+    for node, conditional in _longest_loads(site.reads):
         hit = model.module_chain(node, scope)
         if hit is None:
             continue
@@ -141,34 +149,24 @@ def _chains(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
         msg = (f"AttributeError: module '{module}' has no attribute '{rest[0]}' ({ctx.a} reads "
                f"{ast.unparse(node)[:120]}{ctx.where}; {b} {model.version(b)} does not define it"
                f"{stub_note(ctx, bound)})")
-        out.add(ctx.a, b, msg, ev, _rule(uses, site, got, module, rest[0], bound, node.lineno), f"{module}.{rest[0]}",
-                (site.seq, -1), (module, rest[0]))
+        rule = _rule(uses, site, got, module, rest[0], bound, node.lineno, conditional)
+        out.add(ctx.a, b, msg, ev, rule, f"{module}.{rest[0]}", (site.seq, -1), (module, rest[0]),
+                handler_binds(ctx, bound) if rule == "caught" else None)
 
 
-def _longest_loads(nodes: Sequence[ast.AST]) -> Iterator[ast.Attribute]:
+def _longest_loads(nodes: Sequence[ast.AST]) -> Iterator[tuple[ast.Attribute, bool]]:
     """The attribute loads in these nodes that are not the receiver of a longer load (only the longest chain
-    is checked: it decides the same name)."""
+    is checked: it decides the same name), each with whether only some paths evaluate it (sites.walk_paths)."""
     inner: set[int] = set()
     for top in nodes:
-        for node in _walk_no_defs(top):
+        for node, conditional in walk_paths(top):
             if not isinstance(node, ast.Attribute):
                 continue
             if isinstance(node.ctx, ast.Load):
                 inner.add(id(node.value))
             if id(node) in inner or not isinstance(node.ctx, ast.Load):
                 continue
-            yield node
-
-
-def _walk_no_defs(node: ast.AST) -> Iterator[ast.AST]:
-    """pyast.walk, but not into nested function, lambda or class bodies (they run later, in another context)."""
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        yield n
-        if n is not node and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        todo.extend(reversed(list(ast.iter_child_nodes(n))))
+            yield node, conditional
 
 
 def _runtime(model: ApiModel, uses: Uses, site: Site, out: PassResult) -> None:
@@ -211,5 +209,7 @@ def _runtime_target(model: ApiModel, uses: Uses, site: Site, call: ast.Call, tex
         return
     msg = (f"AttributeError: module '{mod}' has no attribute '{rest[0]}' ({ctx.a} builds '{text[:120]}' at run "
            f"time{ctx.where}; {b} {model.version(b)} does not define it)")
-    out.add(ctx.a, b, msg, ev, _rule(uses, site, got, mod, rest[0], bound_names(site.statement), call.lineno),
+    # conditional: a module a function picks at run time (import_module of a family's module) is loaded where
+    # its caller has matched that family, which the walk does not follow: excused in a function body
+    out.add(ctx.a, b, msg, ev, _rule(uses, site, got, mod, rest[0], bound_names(site.statement), call.lineno, True),
             f"{mod}.{rest[0]}", (site.seq, -1), (mod, rest[0]))

@@ -22,11 +22,12 @@ def find(model: ApiModel, uses: Uses) -> PassResult:
     out = PassResult("keyword")
     for site, i, node in uses.statement_nodes():
         if isinstance(node, ast.Call) and node.keywords and setattr_assign(node) is None:
-            _keywords(model, site, node, (site.seq, i), out)
+            _keywords(model, uses, site, node, (site.seq, i), out)
     return out
 
 
-def _keywords(model: ApiModel, site: Site, call: ast.Call, order: tuple[int, ...], out: PassResult) -> None:
+def _keywords(model: ApiModel, uses: Uses, site: Site, call: ast.Call, order: tuple[int, ...], out: PassResult
+              ) -> None:
     kws = [k.arg for k in call.keywords if k.arg]
     if not kws:
         return
@@ -43,7 +44,7 @@ def _keywords(model: ApiModel, site: Site, call: ast.Call, order: tuple[int, ...
     if status == "external":
         return
     if status != "found" or node is None:
-        _missing_callee(model, site, call, b, module, name, ev, order, out)
+        _missing_callee(model, uses, site, call, b, module, name, ev, order, out)
         return
     out.checked += 1
     params, rule, home = model.signature(pkg, file, node)
@@ -62,7 +63,7 @@ def _keywords(model: ApiModel, site: Site, call: ast.Call, order: tuple[int, ...
                 f"{module}.{name}({','.join(missing)})", order)
 
 
-def _missing_callee(model: ApiModel, site: Site, call: ast.Call, b: str, module: str, name: str,
+def _missing_callee(model: ApiModel, uses: Uses, site: Site, call: ast.Call, b: str, module: str, name: str,
                     ev: list[Evidence], order: tuple[int, ...], out: PassResult) -> None:
     """A call with keywords whose callee is not a def or class in B's module. Where B's module does not bind it
     at all, the call cannot work: a finding (under the rule of where it stands, as an import of it would be).
@@ -79,7 +80,7 @@ def _missing_callee(model: ApiModel, site: Site, call: ast.Call, b: str, module:
     info = model.an.info(ctx.a, ctx.file)
     in_try = isinstance(root, ast.Name) and info is not None and any(
         x.in_try for x in info.bindings.get(root.id, []))  # its import has a fallback: the import pass judges it
-    rule = ctx.rule or ("caught" if in_try else "in-function-import" if ctx.func else None)
+    rule = ctx.rule or ("caught" if in_try else uses.import_rule(ctx) if ctx.func else None)
     out.add(ctx.a, b, f"{where}: {ctx.a} calls {name}(...) with keywords{ctx.where}, and {b} "
             f"{model.version(b)} does not define it", ev, rule, f"{module}.{name}()", order)
 

@@ -8,7 +8,9 @@ lock runs its handler, which is walked and checked like any other path, while th
 through is read only for what it binds in its place: a stub, or a working alternative) and which names a statement sees
 (module imports, a function's own imports, less the names it rebinds), so the passes agree on both. It also
 collects what a pass needs about A as a whole before checking any of it: the modules A references (an import
-or a string naming them) and the names A assigns onto B's modules itself.
+or a string naming them), the names A assigns onto B's modules itself, and the calls A surely makes, which
+decide the function bodies A reaches (reached_names): a missing name there is a finding, elsewhere in a
+function body it is excused (in-function-import).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from rlstack.probes.discover.model import ApiModel, Bound, Scope
 # a flag the code tests before use)
 Fallback = tuple[str, int, str]  # (kind, line, source text)
 
+# the methods a call of their class runs (Ctx.callers)
+CONSTRUCTORS = frozenset({"__init__", "__new__", "__post_init__"})
+
 CATCHES = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError", "Exception", "BaseException",
            "NameError", "RuntimeError", "ValueError", "KeyError"}
 
@@ -45,6 +50,11 @@ class Ctx:
     live: bool | None = True  # True: runs; None: under a guard that cannot be evaluated; False: never
     caught: bool = False
     func: str | None = None
+    # what calling reaches each enclosing function's body, outermost first (callee_key): `module:name` for a
+    # function outside a class and for a constructor (`__init__`, `__new__`, `__post_init__` run when the class
+    # is called: `module:Class`), `.name` for any other method
+    callers: tuple[str, ...] = ()
+    cls: str | None = None  # the class whose body the statement is in, directly
     local: Scope = field(default_factory=dict)  # the enclosing functions' own imports
     shadow: frozenset[str] = frozenset()  # names the function binds itself (parameters, assignments)
     # what the handlers of the enclosing catching trys bind each name to, innermost first
@@ -106,6 +116,11 @@ class Uses:
     install_sites: dict[str, dict[tuple[str, str], list[tuple[str, int, str | None, bool | None]]]] = field(
         default_factory=dict)
     end: dict[str, int] = field(default_factory=dict)  # A -> a seq after all its sites (where its pastes go)
+    # A -> {what A calls (call_keys of `f(...)`, `x.f(...)`, `@f`, `k[grid](...)`): the Ctx.callers of each place
+    # it does so} where the call surely runs once its statement does: on a path that runs here, not caught, not
+    # in an and/or operand after the first, a branch of `x if c else y` or a comprehension's body (Uses.reached)
+    calls: dict[str, dict[str, set[tuple[str, ...]]]] = field(default_factory=dict)
+    _reached: dict[str, frozenset[str]] = field(default_factory=dict)  # A -> reached_names(A), computed once
 
     def referenced(self, a: str, f: str) -> bool:
         """Whether a source of A imports this module on a path that runs (not under a guard that is false in
@@ -115,9 +130,20 @@ class Uses:
         return "." not in mod or mod in refs or mod.rsplit(".", 1)[1] in refs or any(
             r.startswith(mod + ".") for r in refs)
 
-    def import_rule(self, ctx: Ctx) -> str | None:
-        """The rule a missing name read at module level or in a function falls under, beyond ctx.rule."""
-        if ctx.func:
+    def reached(self, ctx: Ctx) -> bool:
+        """Whether the function bodies around a statement are reached: each enclosing function's key
+        (Ctx.callers) is in reached_names."""
+        if ctx.a not in self._reached:
+            self._reached[ctx.a] = reached_names(self.calls.get(ctx.a, {}))
+        got = self._reached[ctx.a]
+        return bool(ctx.callers) and all(c in got for c in ctx.callers)
+
+    def import_rule(self, ctx: Ctx, conditional: bool = False) -> str | None:
+        """The rule a missing name read at module level or in a function falls under, beyond ctx.rule: in a
+        function that A calls (Uses.reached), on the function's own path that runs here (guards inside it are
+        ctx.live), a missing name is a finding like a module-level one, unless the read sits in a part of its
+        expression that only some paths evaluate (`conditional`)."""
+        if ctx.func and (conditional or not self.reached(ctx)):
             return "in-function-import"
         return None if self.referenced(ctx.a, ctx.file) else "unreferenced-module"
 
@@ -155,7 +181,8 @@ def walk(model: ApiModel, a_set: Sequence[str], only: Mapping[str, Collection[st
             walker.package(a, None if only is None else only[a])
     if known is not None:
         walker.uses.refs, walker.uses.installs = known.refs, known.installs
-        walker.uses.install_sites = known.install_sites
+        walker.uses.install_sites, walker.uses.calls = known.install_sites, known.calls
+        walker.uses._reached = known._reached
     return walker.uses
 
 
@@ -171,6 +198,7 @@ class _Walker:
                        and (only is None or n in only))
         self.uses.refs.setdefault(a, set())
         self.uses.installs.setdefault(a, {})
+        self.uses.calls.setdefault(a, {})
         for f in files:
             tree = self.model.an.tree(a, f)
             if tree is None:
@@ -186,6 +214,14 @@ class _Walker:
         if reads:
             self.uses.sites.append(Site(self._seq, ctx, statement, tuple(reads), nodes))
             self._seq += 1
+            if ctx.live is True and not ctx.caught:
+                calls = self.uses.calls[ctx.a]
+                for top in reads:
+                    for node, conditional in walk_paths(top):
+                        if isinstance(node, ast.Call) and not conditional:
+                            f = node.func.value if isinstance(node.func, ast.Subscript) else node.func  # k[grid](...)
+                            for key in call_keys(f, ctx):
+                                calls.setdefault(key, set()).add(ctx.callers)
 
     def _stmts(self, stmts: list[ast.stmt], ctx: Ctx, versions: dict[str, object]) -> None:
         for s in stmts:
@@ -219,16 +255,20 @@ class _Walker:
                     self._stmts(s.orelse, caught, versions)
                 self._stmts(s.finalbody, ctx, versions)
             elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
-                # decorators and defaults run where the def is, in the enclosing path
+                # decorators and defaults run where the def is, in the enclosing path; a decorator is called there
                 self._site(ctx, None, [*s.decorator_list, *s.args.defaults, *(d for d in s.args.kw_defaults if d)])
+                self._decorators(ctx, s.decorator_list)
                 imports_in, names_in = function_scope(s, pyast.relative_base(ctx.file))
                 local = {**ctx.local, **imports_in}
                 shadow = (ctx.shadow | names_in) - set(local)
-                self._stmts(s.body, dataclasses.replace(ctx, func=s.name, local=local, shadow=shadow,
+                caller = callee_key(ctx, s.name)
+                self._stmts(s.body, dataclasses.replace(ctx, func=s.name, callers=(*ctx.callers, caller), cls=None,
+                                                        local=local, shadow=shadow,
                                                         values={**ctx.values, **string_values(s)}), versions)
             elif isinstance(s, ast.ClassDef):
                 self._site(ctx, None, [*s.decorator_list, *s.bases, *(k.value for k in s.keywords)])
-                self._stmts(s.body, ctx, versions)
+                self._decorators(ctx, s.decorator_list)
+                self._stmts(s.body, dataclasses.replace(ctx, cls=s.name), versions)
             elif isinstance(s, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
                 heads = [i.context_expr for i in s.items] if isinstance(s, ast.With | ast.AsyncWith) else \
                     [s.test] if isinstance(s, ast.While) else [s.iter]
@@ -237,6 +277,13 @@ class _Walker:
                 self._stmts(getattr(s, "orelse", []), ctx, versions)
             else:
                 self._site(ctx, s, [s], self._collect(ctx, s))
+
+    def _decorators(self, ctx: Ctx, decorators: list[ast.expr]) -> None:
+        """A bare decorator (`@f`, `@mod.f`) is called where the def stands: a call of f (Uses.calls)."""
+        if ctx.live is True and not ctx.caught:
+            for d in decorators:
+                for key in call_keys(d, ctx):
+                    self.uses.calls[ctx.a].setdefault(key, set()).add(ctx.callers)
 
     def _has(self, ctx: Ctx, e: ast.expr, name: str) -> bool | None:
         """`hasattr(e, name)` on this lock, where e is a module of B's sources (through the imports the
@@ -317,6 +364,86 @@ class _Walker:
                     if ctx.live:
                         got.setdefault((hit[0], hit[1][0]), (ctx.file, line))
         return tuple(nodes)
+
+
+def callee_key(ctx: Ctx, name: str) -> str:
+    """What a call of the function `name` defined where ctx stands is recorded as (Ctx.callers): `module:name`
+    outside a class, `module:Class` for a constructor, `.name` for another method."""
+    module = contract._dotted(ctx.file)
+    if ctx.cls is None:
+        return f"{module}:{name}"
+    return f"{module}:{ctx.cls}" if name in CONSTRUCTORS else f".{name}"
+
+
+def call_keys(f: ast.expr, ctx: Ctx) -> list[str]:
+    """The callee_keys a call of `f` may reach: a plain name through the imports the statement sees (else a
+    function of the calling module); `mod.g` through a module alias; `x.g` any method g (a receiver's class is
+    not read)."""
+    if isinstance(f, ast.Name):
+        bound = ctx.scope.get(f.id)
+        if bound is None:
+            return [f"{contract._dotted(ctx.file)}:{f.id}"]
+        return [f"{bound[0]}:{bound[1]}"] if bound[1] else []
+    if isinstance(f, ast.Attribute):
+        keys = [f".{f.attr}"]
+        head, rest = pyast.attribute_chain(f.value)  # `mod.sub.g`: the receiver as a dotted module path
+        if isinstance(head, ast.Name) and (bound := ctx.scope.get(head.id)) is not None:
+            root = bound[0] if bound[1] is None else f"{bound[0]}.{bound[1]}"
+            keys.append(f"{'.'.join([root, *rest])}:{f.attr}")
+        return keys
+    return []
+
+
+def reached_names(calls: Mapping[str, set[tuple[str, ...]]]) -> frozenset[str]:
+    """The callee_keys of A's functions that A itself calls from where its code starts running: a call that
+    surely runs (Uses.calls) at module level, in a class body, or in a function that is itself public (an entry
+    point A's users call: no leading underscore) or reached, to a fixed point. A function outside a class is
+    matched through the caller's imports (its module and name); a method by its name alone, as a call through
+    an attribute (`self.f()`, `obj.f()`) names no class a static read can pin down. A private function that only
+    unreached private code calls, or that is only handed around (a callback, a registry entry), is not reached,
+    and what it reads stays excused (in-function-import)."""
+    reached: set[str] = set()
+    todo = dict(calls)
+    changed = True
+    while changed:
+        changed = False
+        for name, chains in list(todo.items()):
+            if any(all(c in reached or _public(c) for c in chain) for chain in chains):
+                reached.add(name)
+                del todo[name]
+                changed = True
+    return frozenset(reached)
+
+
+def _public(key: str) -> bool:
+    name = key.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
+
+
+def walk_paths(node: ast.AST) -> Iterator[tuple[ast.AST, bool]]:
+    """pyast.walk's nodes (not into nested function, lambda or class bodies, which run later, in another
+    context), each with whether only some paths through the expression evaluate it: an operand of and/or after
+    the first, a branch of `x if c else y`, a comprehension's body, conditions and later loops."""
+    todo: list[tuple[ast.AST, bool]] = [(node, False)]
+    while todo:
+        n, cond = todo.pop()
+        yield n, cond
+        if n is not node and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        todo.extend(reversed([(c, cond or _conditional(n, c)) for c in ast.iter_child_nodes(n)]))
+
+
+def _conditional(parent: ast.AST, child: ast.AST) -> bool:
+    """Whether evaluating `parent` may skip `child` (walk_paths)."""
+    if isinstance(parent, ast.BoolOp):
+        return child is not parent.values[0]
+    if isinstance(parent, ast.IfExp):
+        return child is not parent.test
+    if isinstance(parent, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+        return child is not parent.generators[0]
+    if isinstance(parent, ast.comprehension):
+        return child is not parent.iter and child is not parent.target
+    return False
 
 
 def setattr_assign(node: ast.Call) -> tuple[ast.Assign, ast.Attribute] | None:
