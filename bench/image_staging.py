@@ -21,16 +21,15 @@ def lease_rows(lease: dict[str, Any], name: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     before = 0.0
     for call in lease["calls"]:
-        row = {"lease": name, "images": ", ".join(lease["images"]), "phase": call["what"],
-               "calls": call.get("calls", 1), "carried_mb": call["carried_mb"]}
+        row = {"lease": name, "phase": call["what"], "calls": call.get("calls", 1), "carried_mb": call["carried_mb"]}
         if call["what"].startswith("survey"):
             rows.append({**row, "held_s": call["held_s"]})
             continue
         rows.append({**row, "held_s": round(call["held_s"] - before, 1)})
         before = call["held_s"]
     main = [r for r in rows if not str(r["phase"]).startswith("survey")]
-    rows.append({"lease": name, "images": ", ".join(lease["images"]),
-                 "phase": lease.get("total", "bare host -> image running (this lease)"), "held_s": round(before, 1),
+    total = lease.get("total", "bare host -> image running (this lease)")
+    rows.append({"lease": name, "phase": f"{total}: {', '.join(lease['images'])}", "held_s": round(before, 1),
                  "calls": sum(int(r["calls"]) for r in main),
                  "carried_mb": round(sum(float(r["carried_mb"]) for r in main), 1)})
     return rows
@@ -54,7 +53,7 @@ def main() -> int:
     gpus = sorted({str(lease["gpu"]) for _, lease in leases})
     result = results.Result(
         question="staging", title="A stack's image on a GPU host without Docker: GPU-host seconds from a bare host",
-        date=latest["date"], columns=["lease", "images", "phase", "held_s", "calls", "carried_mb"], rows=rows,
+        date=latest["date"], columns=["lease", "phase", "held_s", "calls", "carried_mb"], rows=rows,
         ran=results.Ran(command="python3 bench/image_staging.py " + " ".join(
             str(p.relative_to(HERE.parent)) for p in paths), bench="image_staging",
             options={"leases": [p.stem for p in paths]}),
