@@ -4,7 +4,6 @@
 # projections), converted by `image_run.sh models`. $RUN, $O and $STASH come from image_run.sh; each log lands in $O.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
-B128=$(cd "$STASH/fidelity/models" && ls -d smollm2-135m-b128-* | head -1)
 RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
 if [ -n "${AFTER_PORTABLE_LEARNING:-}" ]; then  # a lease short of time: after portable's learning and probes,
@@ -18,10 +17,8 @@ if [ "${STEPS:-all}" = all ]; then
     > "$O/probe-fp8.log" 2>&1
   step "probe-fp8 rc $?"; cp "$RUNS/probe-fp8-image.json" "$O/" 2>/dev/null
 fi
-# from the runs volume: unsloth_zoo's load_lora saves the live LoRA config under a relative path, which the
-# image's read-only working folder refuses (the probe's grpo-step finding)
-$RUN "${MODELS[@]}" --entrypoint sh -- -c 'cd /opt/rlstack/runs && exec python3 /opt/rlstack/bench/learning.py "$@"' \
-  sh --stack-name fp8 --fp8 --backend vllm --set "model.name=/models/$B128" --work /opt/rlstack/runs/learning-fp8 \
-  --out /opt/rlstack/runs/learning-out > "$O/learning-fp8.log" 2>&1
+$RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --fp8 --backend vllm \
+  --set model.name=embedded:smollm2-135m-b128 --work /opt/rlstack/runs/learning-fp8 --out /opt/rlstack/runs/learning-out \
+  > "$O/learning-fp8.log" 2>&1
 step "learning-fp8 rc $?"; cp "$RUNS"/learning-out/*.json "$RUNS"/learning-out/*.png "$O/" 2>/dev/null
 step end-fp8

@@ -1,5 +1,5 @@
-# Portable's default path alone (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2) from its image,
-# where the image's tree was patched beforehand (deviations are recorded by the caller). $RUN, $O, $STASH: image_run.sh.
+# Portable's default path alone on the GPU (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2) from
+# its image: the learning run without its side-by-side peers. $RUN, $O, $STASH come from image_run.sh.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
 RUNS=$STASH/vol/rlstack-runs
