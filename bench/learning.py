@@ -237,10 +237,12 @@ def pair_row(stack: str, a: str, b: str, c: dict[str, Any]) -> dict[str, Any]:
 
 
 def environment(stack: str, lock_hash: str | None, gpu: str | None) -> str:
-    """'image rlstack/<stack> (lock <hash>)' inside one of the project's images (they set RLSTACK_ROOT to
-    /opt/rlstack), 'native' for a lock's wheels on a GPU host, 'host' for this machine's own Python."""
+    """'image <tag>' inside one of the project's images (the tag the image declares in RLSTACK_IMAGE; images built
+    before it say 'rlstack/<stack> (lock <hash>)'), 'native' for a lock's wheels on a GPU host, 'host' for this
+    machine's own Python."""
     if os.environ.get("RLSTACK_ROOT") == "/opt/rlstack":
-        return f"image rlstack/{stack} (lock {(lock_hash or '?')[:12]})"
+        tag = os.environ.get("RLSTACK_IMAGE", "").strip()
+        return f"image {tag}" if ":" in tag else f"image rlstack/{stack} (lock {(lock_hash or '?')[:12]})"
     return "native" if gpu else "host"
 
 

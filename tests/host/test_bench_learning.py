@@ -324,6 +324,17 @@ def test_the_row_names_the_rollouts_that_ran(learning: ModuleType) -> None:
     assert learning.rollouts_ran("own", {}) == "the loader's own generate"
 
 
+def test_the_environment_names_the_image_tag(learning: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside an image the record says which image (its content tag, from RLSTACK_IMAGE), not only the stack."""
+    monkeypatch.setenv("RLSTACK_ROOT", "/opt/rlstack")
+    monkeypatch.setenv("RLSTACK_IMAGE", "rlstack/fp8:8ac73e8cf1b6")
+    assert learning.environment("fp8", "0791b91f1825aa", "H100") == "image rlstack/fp8:8ac73e8cf1b6"
+    monkeypatch.delenv("RLSTACK_IMAGE")
+    assert learning.environment("fp8", "0791b91f1825aa", "H100") == "image rlstack/fp8 (lock 0791b91f1825)"
+    monkeypatch.delenv("RLSTACK_ROOT")
+    assert learning.environment("fp8", None, "H100") == "native"
+
+
 def test_gpu_recipe_is_the_issue_shape_and_evaluates_held_out() -> None:
     r = recipes.load("smollm2-gpu")
     assert (r.lora.r, r.lora.target_modules, r.lora.top_layers) == (16, recipes.ALL_LINEAR, None)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_readme_sections_and_pages_are_current() -> None:
     """What `invoke docs --check` checks, so the test suite (CI's command) fails on a stale table or page."""
-    assert set(commands.readme_sections()) == {"stacks", "results", "tasks", "compat-matrix"}
+    assert set(commands.readme_sections()) == {"stacks", "learning", "results", "tasks", "compat-matrix"}
     assert docs.stale_sections(commands.readme_sections()) == [], "run: invoke docs"
     assert docs.stale_pages() == [], "run: invoke docs"
 
@@ -118,3 +118,33 @@ def test_no_link_leaves_the_repository() -> None:
                 continue
             resolved = (page.parent / target).resolve()
             assert resolved.is_relative_to(root) and resolved.exists(), f"{page.name} links {target}"
+
+
+def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: Path) -> None:
+    """One row per learning record: a finished one with its base -> tuned and p, one whose training failed with the
+    base it measured and the wall a signature names in its last lines."""
+    from rlstack.core import results
+    from rlstack.host import docs_learning
+
+    columns = ["stack", "path", "steps", "s_per_step", "n", "base_correct", "tuned_correct", "p"]
+
+    def record(name: str, rows: list[dict[str, object]], extra: dict[str, object]) -> None:
+        results.write(results.Result(
+            question="learning", title=name, ran=results.Ran(command="python3 bench/learning.py", bench="learning",
+                                                             stack="portable", engine="own"),
+            where=results.Where(gpu="NVIDIA H100", environment="image rlstack/portable:abc"),
+            date="2026-12-06T09:00:00Z", columns=columns, rows=rows, extra=extra), name, tmp_path)
+
+    record("learning-done", [{"stack": "portable", "path": "unsloth, fastgen", "steps": 80, "s_per_step": 0.5,
+                              "n": 256, "base_correct": 31, "tuned_correct": 200, "p": 1e-9}], {"status": "done"})
+    record("learning-failed", [], {"status": "failed in train (rc 1)", "base": {"n": 256, "correct": 31},
+                                   "train": {"loader": "unsloth", "log_tail": [
+                                       "torch._inductor.exc.InductorError: ModuleNotFoundError: No module named "
+                                       "'setuptools'"]}})
+    rows = {str(r[-1]): r for r in docs_learning.learning_rows(tmp_path)}
+    done = rows["[learning-done.json](bench/results/learning-done.json)"]
+    assert done[:5] == ["portable", "unsloth, fastgen", 80, 0.5, "31/256 -> 200/256"] and done[6] == "done"
+    failed = rows["[learning-failed.json](bench/results/learning-failed.json)"]
+    assert failed[1] == "unsloth, own rollouts" and failed[4] == "31/256 -> -/256"
+    assert failed[6] == "failed in train (rc 1): torch-compile-no-setuptools"
+

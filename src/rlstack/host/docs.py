@@ -19,6 +19,7 @@ from rlstack.core.fileio import write_atomic
 from rlstack.core.paths import project_root
 from rlstack.core.pkgnames import normalize
 from rlstack.core.tables import markdown_table
+from rlstack.host.docs_learning import learning_section
 from rlstack.stacks import locks
 from rlstack.stacks.model import Stack
 
@@ -126,8 +127,8 @@ def results_section(folder: Path | None = None) -> str:
 
 
 Generators = Mapping[str, Callable[[], str]]
-GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "results": results_section,
-                                            "compat-matrix": matrix_section}
+GENERATORS: dict[str, Callable[[], str]] = {"stacks": stacks_section, "learning": learning_section,
+                                            "results": results_section, "compat-matrix": matrix_section}
 # Whole pages rendered from data, by their path under the project root.
 PAGES: dict[str, Callable[[], str]] = {"docs/performance.md": performance_page}
 

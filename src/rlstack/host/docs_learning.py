@@ -1,0 +1,64 @@
+"""The README's learning table: one row per `bench/learning.py` record (base vs tuned on held-out problems, through
+one stack's path on one GPU), rendered from the records alone. A record whose training did not finish still gets
+its row, with the base it measured and why it stopped (the wall a failure signature names in its log), so the
+table says what has not been shown as plainly as what has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlstack.core import results
+from rlstack.core.tables import markdown_table
+
+HEADERS = ["stack", "path", "steps", "s/step", "base -> tuned (held out)", "p", "status", "on", "data"]
+
+
+def _wall(extra: dict[str, Any]) -> str | None:
+    """The wall a failure signature names in the failed phase's last lines, if one does."""
+    from rlstack.probes import signatures
+
+    tail = (extra.get("train") or {}).get("log_tail") or []
+    hits = signatures.diagnose("\n".join(tail) if isinstance(tail, list) else str(tail))
+    return hits[0].signature.id if hits else None
+
+
+def _status(extra: dict[str, Any]) -> str:
+    status = str(extra.get("status") or "?")
+    if status == "done":
+        return status
+    wall = _wall(extra)
+    return f"{status}: {wall}" if wall else status
+
+
+def learning_rows(folder: Path | None = None) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for path, r in results.load_all(folder):
+        if r.question != "learning" or r.ran.bench != "learning" or "base_correct" not in r.columns:
+            continue
+        extra = r.extra or {}
+        base = extra.get("base") or {}
+        train = extra.get("train") or {}
+        for row in r.rows or [{}]:
+            n = row.get("n", base.get("n"))
+            tuned = row.get("tuned_correct")
+            rollouts = train.get("rollouts") or (f"{r.ran.engine} rollouts" if r.ran.engine else None)
+            path_text = row.get("path") or ", ".join(str(x) for x in (train.get("loader"), rollouts) if x)
+            rows.append([
+                row.get("stack", r.ran.stack), path_text or "-", row.get("steps", train.get("steps_done", 0)),
+                row.get("s_per_step") or "-",
+                f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
+                row.get("p") if row.get("p") is not None else "-", _status(extra),
+                f"{r.where.gpu or 'CPU'}, {r.where.environment}, {r.date[:10]}",
+                f"[{path.name}](bench/results/{path.name})",
+            ])
+    return rows
+
+
+def learning_section(folder: Path | None = None) -> str:
+    rows = learning_rows(folder)
+    if not rows:
+        return "No learning run has been recorded yet (`invoke bench learning`).\n"
+    return markdown_table(HEADERS, rows) + (
+        "\n\nEach row is `bench/learning.py` through one stack's path; its record has the command, lock, reward "
+        "curve and both evaluations ([docs/performance.md](docs/performance.md)).\n")
