@@ -18,6 +18,7 @@ import lzma
 import subprocess
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,14 @@ def image_dists(tag: str) -> list[dict[str, Any]]:
 
 
 def export(stack: Stack, tag: str, out: Path, *, host_packages: Path | None = None, preset: int = 1,
-           part_bytes: int = PART_BYTES, manifest_only: bool = False, previous: Path | None = None
+           part_bytes: int = PART_BYTES, manifest_only: bool = False, previous: Sequence[Path] = ()
            ) -> dict[str, Any]:
     """Write out/MANIFEST, out/parts.json, out/part-NNN and out/rootfs-spec.json (run_spec) for `tag`, an image
     of `stack`; returns the summary. manifest_only: the
     manifest alone (seconds, not minutes: nothing is compressed), for a first look at what a host can supply.
-    previous: an earlier export of this stack whose parts the host already holds: contents in it stay out of
-    these parts (a rebuilt image whose lock did not change then carries only rlstack's own files)."""
+    previous: earlier exports whose parts the host already holds (this stack's before a rebuild, or another
+    stack's carried in the same lease): contents in any of them stay out of these parts (a rebuilt image whose lock
+    did not change then carries only rlstack's own files; two stacks share their Debian base and common wheels)."""
     out.mkdir(parents=True, exist_ok=True)
     config = image_config(tag)
     supplied = host_supplied(image_dists(tag), read_host_packages(host_packages)) if host_packages else {}
@@ -98,9 +100,9 @@ def export(stack: Stack, tag: str, out: Path, *, host_packages: Path | None = No
                          check=True).stdout.strip()
     entries: list[list[Any]] = []
     shipped: set[str] = set()
-    if previous is not None:
-        with gzip.open(previous / MANIFEST, "rt", encoding="utf-8") as f:
-            shipped = {e[6] for e in json.load(f)["entries"] if e[0] == "f"}
+    for earlier in previous:
+        with gzip.open(earlier / MANIFEST, "rt", encoding="utf-8") as f:
+            shipped |= {e[6] for e in json.load(f)["entries"] if e[0] == "f"}
     t0 = time.monotonic()
     stats = {"files": 0, "bytes": 0, "host_files": 0, "host_bytes": 0, "shipped_bytes": 0}
     try:
@@ -118,7 +120,7 @@ def export(stack: Stack, tag: str, out: Path, *, host_packages: Path | None = No
     finally:
         subprocess.run([engine.client(), "rm", cid], capture_output=True)
     manifest = {"format": 1, "image": tag, "image_id": config["id"], "config": config, "entries": entries,
-                "previous": str(previous) if previous else None}
+                "previous": [str(p) for p in previous]}
     with gzip.open(out / MANIFEST, "wt", encoding="utf-8") as f:
         json.dump(manifest, f)
     index = {"format": "xz", "image": tag, "tar_size": sink.size, "tar_sha256": sink.sha256, "parts": sink.parts}

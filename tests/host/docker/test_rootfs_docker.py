@@ -50,6 +50,21 @@ def test_export_assemble_run_round_trip(base_image: str, tmp_path: Path) -> None
     assert not (root / "tmp" / "t").exists()  # tmpfs: gone with the namespace
 
 
+def test_an_export_over_earlier_ones_carries_only_what_they_lack(base_image: str, tmp_path: Path) -> None:
+    """--previous: contents an export the host holds already has stay out of the parts, and the tree assembles
+    from the parts of both."""
+    first = tmp_path / "first"
+    rootfs.export(stacks.load_stack("cpu"), base_image, first, preset=0)
+    again = tmp_path / "again"
+    summary = rootfs.export(stacks.load_stack("cpu"), base_image, again, preset=0, previous=[first])
+    assert summary["files"] > 1000 and summary["shipped_bytes"] == 0
+    manifest = runner.load_manifest(again / runner.MANIFEST)
+    with pytest.raises(runner.RootfsError):  # its own parts alone cannot make the tree
+        runner.assemble(manifest, again, tmp_path / "alone", [])
+    report = runner.assemble(manifest, [again, first], tmp_path / "root", [])
+    assert report["entries"] == summary["entries"] and (tmp_path / "root" / "etc" / "os-release").is_file()
+
+
 @pytest.mark.skipif(not _namespaces_work(), reason="needs root and mount namespaces (unshare -m)")
 def test_a_tampered_tree_is_refused(base_image: str, tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -76,9 +76,9 @@ def rootfs_export(
                       ] = 1,
     manifest_only: Annotated[bool, typer.Option(help="write the manifest only (no parts): for a first survey of "
                                                      "what the GPU host can supply")] = False,
-    previous: Annotated[str | None, typer.Option(
-        help="an earlier export of this stack that the GPU host already holds: only contents it lacks go "
-             "into the parts (a rebuild whose lock did not change carries a few parts)")] = None,
+    previous: Annotated[list[str] | None, typer.Option(
+        help="an earlier export the GPU host already holds, repeatable (this stack's before a rebuild, or another "
+             "stack's carried in the same lease): only contents none of them has go into the parts")] = None,
 ) -> int:
     """Export the built image for a GPU host without Docker (run there by rlstack.scripts.rootfs)."""
     import json
@@ -89,6 +89,6 @@ def rootfs_export(
     p = images.require_built(_plan(stack, base_image, ca_cert))
     summary = rootfs.export(p.stack, p.tag, Path(out), host_packages=Path(host_packages) if host_packages else None,
                             preset=preset, manifest_only=manifest_only,
-                            previous=Path(previous) if previous else None)
+                            previous=[Path(p) for p in previous or []])
     print(json.dumps(summary))
     return 0
