@@ -1,7 +1,8 @@
-"""What a rebuilt image adds to a rootfs export that the GPU host already holds (`invoke rootfs-export
---previous`): the bytes and parts one more lease must carry after a rebuild whose lock did not change. Reads the
-exports' own summaries (bench/transport/exports/*.json: what `invoke rootfs-export` printed, with how the image
-was rebuilt and how its .pyc files were written). Writes bench/results/rebuild_delta.json."""
+"""What an image adds to rootfs exports the GPU host already holds (`invoke rootfs-export --previous`): the bytes
+and parts a lease must carry for a rebuild whose lock did not change, or for a second stack's image beside the
+first's. Reads the exports' own summaries (bench/transport/exports/*.json: what `invoke rootfs-export` printed,
+with what it was exported over and how the image's .pyc files were written). Writes
+bench/results/rebuild_delta.json."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ def main() -> int:
                      "rebuild": rec["rebuild"], "files": e["files"], "shipped_mb": round(e["shipped_bytes"] / 1e6, 2),
                      "parts": e["parts"], "carried_mb": round(e["carried_bytes"] / 1e6, 2)})
     result = results.Result(
-        question="staging", title="A rebuilt image's delta export: what one more lease carries",
+        question="staging", title="Exports over exports the host holds: what a rebuild, or a second image, carries",
         date=max(json.loads(p.read_text())["date"] for p in paths),
-        columns=["export", "image", "pyc", "rebuild", "files", "shipped_mb", "parts", "carried_mb"], rows=rows,
+        columns=["export", "image", "previous", "pyc", "rebuild", "files", "shipped_mb", "parts", "carried_mb"],
+        rows=rows,
         ran=results.Ran(command="python3 bench/rebuild_delta.py " + " ".join(
             str(p.relative_to(HERE.parent)) for p in paths), bench="rebuild_delta"),
         where=results.Where(environment="host", machine="vm, 2 CPU cores (Docker export)"))

@@ -56,7 +56,7 @@ BENCHMARKS: dict[str, str] = {
     "image_build": "image builds from an empty builder cache, and rebuilds",
     "jit_cold_start": "FlashInfer's JIT from a cold cache in a stack's image: the nvcc it ran, the build time",
     "image_staging": "GPU-host seconds to get a stack's image running on a host without Docker (from a lease's calls)",
-    "rebuild_delta": "what a rebuilt image adds to a rootfs export the GPU host holds (--previous), by .pyc mode",
+    "rebuild_delta": "what an image adds to rootfs exports the GPU host holds (--previous): a rebuild, a second stack",
     "input_campaign": "bad inputs to every CPU command line: tracebacks, silent acceptances, data lost",
 }
 
