@@ -216,6 +216,14 @@ def learning_row(
     }
 
 
+def stopped_row(stack: str, path: str, steps: int, s_per_step: float | None, base: dict[str, Any]) -> dict[str, Any]:
+    """The row of a run whose training stopped: the base it measured, no tuned side (the status says why)."""
+    fmt = base.get("format_ok")
+    return {"stack": stack, "path": path, "steps": steps, "s_per_step": s_per_step, "n": base.get("n"),
+            "base_correct": base.get("correct"), "tuned_correct": None, "delta_points": None, "ci95": None, "p": None,
+            "base_format": fmt, "tuned_format": None, "format_p": None}
+
+
 def pair_row(stack: str, a: str, b: str, c: dict[str, Any]) -> dict[str, Any]:
     fmt = c.get("format") or {}
     same = c.get("identical_generations") or {}
@@ -534,6 +542,8 @@ def train_and_pair(args: argparse.Namespace) -> int:
     if rc != 0 or not manifest:
         record.extra["train"]["log_tail"] = tail
         record.extra["status"] = f"failed in train (rc {rc})"
+        record.rows = [stopped_row(args.stack_name, f"{said.get('loader') or '?'}, {rollouts}: training failed, "
+                                   "see status", len(rows), median_step_s(rows), record.extra["base"])]
         record.write()
         print(f"learning: training failed (rc {rc}); the record keeps its last lines: {args.out / name}.json")
         return rc or 1

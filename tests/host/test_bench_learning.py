@@ -267,7 +267,10 @@ def test_a_failed_phase_leaves_the_record_with_its_last_lines(
     _fake_phases(learning, monkeypatch, fail="train")
     assert learning.main(["--stack-name", "fp8", "--fp8", "--out", str(tmp_path), "--work", str(tmp_path / "w")]) == 1
     got = results.read(next(tmp_path.glob("learning-fp8-vllm-*.json")))
-    assert got.extra["status"] == "failed in train (rc 1)" and got.rows == []
+    assert got.extra["status"] == "failed in train (rc 1)"
+    (row,) = got.rows  # the base it measured, no tuned side
+    assert row["base_correct"] == got.extra["base"]["correct"] and row["tuned_correct"] is None
+    assert row["path"].endswith("training failed, see status") and row["steps"] == 0
     assert got.extra["train"]["log_tail"][-1] == "RuntimeError: boom"
     assert got.extra["base"]["n"] == 4  # the base evaluation done before it is kept
     assert "training failed" in capsys.readouterr().out
