@@ -49,7 +49,7 @@ def learning_rows(folder: Path | None = None) -> list[list[object]]:
                 row.get("s_per_step") or "-",
                 f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
                 row.get("p") if row.get("p") is not None else "-", _status(extra),
-                f"{r.where.gpu or 'CPU'}, {r.where.environment}, {r.date[:10]}",
+                f"{r.where.gpu or 'CPU'}, {r.where.environment}, lock {(r.ran.lock_hash or '?')[:12]}, {r.date[:10]}",
                 f"[{path.name}](bench/results/{path.name})",
             ])
     return rows
