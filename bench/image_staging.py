@@ -35,19 +35,12 @@ def lease_rows(lease: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def read_lease(path: Path) -> dict[str, Any]:
-    lease: dict[str, Any] = json.loads(path.read_text())
-    if "images" not in lease:  # the first record named one image
-        lease["images"] = [lease["image"]]
-    return lease
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("leases", type=Path, nargs="*", help="lease records (default: every one in bench/transport/leases)")
     args = p.parse_args()
     paths = sorted(args.leases or LEASES.glob("*.json"))
-    leases = [(path, read_lease(path)) for path in paths]
+    leases = [(path, json.loads(path.read_text())) for path in paths]
     rows = [r for path, lease in leases for r in lease_rows(lease, path.stem)]
     latest = max(leases, key=lambda pl: str(pl[1]["date"]))[1]
     gpus = sorted({str(lease["gpu"]) for _, lease in leases})

@@ -217,11 +217,10 @@ def learning_row(
 
 
 def stopped_row(stack: str, path: str, steps: int, s_per_step: float | None, base: dict[str, Any]) -> dict[str, Any]:
-    """The row of a run whose training stopped: the base it measured, no tuned side (the status says why)."""
-    fmt = base.get("format_ok")
-    return {"stack": stack, "path": path, "steps": steps, "s_per_step": s_per_step, "n": base.get("n"),
-            "base_correct": base.get("correct"), "tuned_correct": None, "delta_points": None, "ci95": None, "p": None,
-            "base_format": fmt, "tuned_format": None, "format_p": None}
+    """The row of a run whose training stopped: the base it measured, every other column empty (the status says
+    why)."""
+    return {**dict.fromkeys(COLUMNS), "stack": stack, "path": path, "steps": steps, "s_per_step": s_per_step,
+            "n": base.get("n"), "base_correct": base.get("correct"), "base_format": base.get("format_ok")}
 
 
 def pair_row(stack: str, a: str, b: str, c: dict[str, Any]) -> dict[str, Any]:

@@ -55,8 +55,10 @@ print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/w
     cp "$job" "$STASH/job-$stack.sh"
     {
       echo "export PYTHONPATH=$tree/src STASH=$STASH O=$STASH/out"
-      echo "export RUN=\"python3 -m rlstack.scripts.rootfs run --root $STASH/root-$stack --spec $STASH/spec-$stack.json" \
-           "--volumes $STASH/vol --bind $tree/bench:/opt/rlstack/bench\""
+      # RUN: this job's own image; run_in STACK: another assembled image, the same volumes and scripts (a hand-off)
+      echo "run_in() { s=\$1; shift; python3 -m rlstack.scripts.rootfs run --root $STASH/root-\$s" \
+           "--spec $STASH/spec-\$s.json --volumes $STASH/vol --bind $tree/bench:/opt/rlstack/bench \"\$@\"; }"
+      echo "export -f run_in; export RUN=\"run_in $stack\""
     } > "$STASH/env-$stack.sh"
     rm -f "$STASH/out/job-$stack.rc"
     (cd "$tree" && setsid nohup bash -c "source $STASH/env-$stack.sh; bash $STASH/job-$stack.sh \

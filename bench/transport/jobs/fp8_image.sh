@@ -6,11 +6,6 @@ MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/model
         --env TRANSFORMERS_OFFLINE=1)
 RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
-if [ -n "${AFTER_PORTABLE_LEARNING:-}" ]; then  # a lease short of time: after portable's learning and probes,
-  # instead of its hand-off evaluations (vLLM runs alone on the GPU)
-  until [ "$(grep -c "learning-portable-\|probe-portable" "$O/timeline")" -ge 3 ]; do sleep 3; done
-  pkill -f "[j]ob-portable.sh"; pkill -f "[a]dapter-from"; sleep 5; step "portable job stopped before its hand-off"
-fi
 step start-fp8
 if [ "${STEPS:-all}" = all ]; then
   $RUN -- probe --stack fp8 --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-fp8-image.json \

@@ -4,10 +4,9 @@
 # runtime probes (sharing the GPU, so the two runs' step times compare with each other, not with a run alone); then
 # the hand-off of the fastgen adapter (evaluated on the bf16 base in portable with transformers
 # and in the fp8 image with vLLM, alone on the GPU, paired).
-# $RUN, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
+# $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
-RUN_FP8="${RUN//root-portable/root-fp8}"; RUN_FP8="${RUN_FP8//spec-portable/spec-fp8}"
 RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
 keep() { cp "$RUNS"/learning-out/*.json "$RUNS"/learning-out/*.png "$O/" 2>/dev/null; }
@@ -33,7 +32,7 @@ $RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name porta
   > "$O/handoff-portable.log" 2>&1
 step "handoff-portable rc $?"; keep
 HF=$(cd "$RUNS/learning-out" && ls -d learning-portable-handoff-hf-*/eval/results.json | tail -1)
-$RUN_FP8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --adapter-from "$ADAPTER" \
+run_in fp8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --adapter-from "$ADAPTER" \
   --backend vllm --unquantized --pair-with "/opt/rlstack/runs/learning-out/$HF" --work /opt/rlstack/runs/handoff \
   --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
 step "handoff-fp8 rc $?"; keep

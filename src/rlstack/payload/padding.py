@@ -91,6 +91,11 @@ def pad_state(state: dict[str, Any], config: dict[str, Any], block: int) -> tupl
         int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]),
     )
     new = target_widths(config, block)
+    if int(config["intermediate_size"]) % block:
+        raise PaddingError(
+            f"intermediate size {config['intermediate_size']} is not a multiple of {block}",
+            "padding the MLP width is not implemented; this checkpoint needs it",
+        )
     norm_scale = math.sqrt(old.hidden / new.hidden)
 
     def grow(t: Any, rows: int | None = None, cols: int | None = None) -> Any:
@@ -128,11 +133,6 @@ def pad_state(state: dict[str, Any], config: dict[str, Any], block: int) -> tupl
         head_dim=new.head_dim,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)) * old.hidden / new.hidden,
     )
-    if int(config["intermediate_size"]) % block:
-        raise PaddingError(
-            f"intermediate size {config['intermediate_size']} is not a multiple of {block}",
-            "padding the MLP width is not implemented; this checkpoint needs it",
-        )
     return padded, cfg
 
 
@@ -152,7 +152,7 @@ def pad_folder(src: Path, dst: Path, block: int) -> Widths:
         state.pop("lm_head.weight", None)  # tied: saved once, as the embedding
     save_file({k: v.contiguous() for k, v in state.items()}, str(dst / WEIGHTS), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    return target_widths(config, block)
+    return Widths(cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"])
 
 
 def max_logit_difference(a: Path, b: Path, text: str = "Question: 12 + 30 = ?\nAnswer:") -> float:
