@@ -56,7 +56,10 @@ def test_a_deeply_nested_recipe_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["./models/nope", "/no/such/model", "~/nope/", "a/b/c", "../x", "org/na me"])
-def test_a_missing_model_folder_says_so(name: str) -> None:
+def test_a_missing_model_folder_says_so(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # relative names resolve where none of them exists (from a checkout named x, '../x' is the checkout itself)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     with pytest.raises(ModelLoadError, match="does not exist") as exc:
         check_model_name(name)
     assert "hub id" in str(exc.value.hint)
