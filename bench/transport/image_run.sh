@@ -10,7 +10,12 @@
 #                 # models converted natively into $STASH/fidelity/models (bound into a run as /models)
 #          bash bench/transport/image_run.sh assemble fp8 fp8-a fp8-b        # the last export's manifest and spec
 #          bash bench/transport/image_run.sh bg fp8 JOB.sh                   # JOB.sh calls "$RUN" per step
+#          bash bench/transport/image_run.sh start fp8 JOB.sh fp8-a fp8-b    # assemble, then bg, detached: the
+#                 # next image's parts are carried meanwhile (from a copy of src, bench and recipes: the checkout
+#                 # is replaced by each call)
 #          bash bench/transport/image_run.sh wait fp8 [SECONDS]              # again until the job has ended
+#          bash bench/transport/image_run.sh spy PATTERN                     # py-spy dump of each process whose
+#                 # command line matches PATTERN (once, carry .stage/tools: where a slow phase spends its time)
 #          bash bench/transport/image_run.sh pack                            # every job's logs and records, and
 #                 # the evaluations (results, generations) of learning runs, as $OUT/stash-out.tar.xz (one file back)
 #
@@ -18,7 +23,7 @@
 # files it leaves in $STASH/out come back through $OUT.
 set -euo pipefail
 STASH=/root/stash
-mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | wait STACK [SECONDS] | pack}
+mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | start STACK JOB EXPORT... | wait STACK [SECONDS] | spy PATTERN [LINES] | pack}
 shift
 site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
 case "$mode" in
@@ -64,9 +69,17 @@ print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/w
     (cd "$tree" && setsid nohup bash -c "source $STASH/env-$stack.sh; bash $STASH/job-$stack.sh \
       > $STASH/out/job-$stack.log 2>&1; echo \$? > $STASH/out/job-$stack.rc" >/dev/null 2>&1 &)
     echo "started $job for $stack" ;;
+  start)
+    stack=$1 job=$2; shift 2
+    snap=$STASH/snap-$stack
+    rm -rf "$snap" && mkdir -p "$snap" && cp -a src bench recipes "$snap/"
+    (cd "$snap" && setsid nohup bash -c "bash bench/transport/image_run.sh assemble $stack $* \
+      && bash bench/transport/image_run.sh bg $stack $job" > "$STASH/start-$stack.log" 2>&1 &)
+    echo "assembling $stack, then its job, in the background ($STASH/start-$stack.log)" ;;
   wait)
     stack=$1 secs=${2:-540}
     for _ in $(seq 1 $(( secs / 10 ))); do [ -f "$STASH/out/job-$stack.rc" ] && break; sleep 10; done
+    tail -3 "$STASH/start-$stack.log" 2>/dev/null || true
     tail -12 "$STASH/out/timeline" 2>/dev/null || true
     tail -25 "$STASH/out/job-$stack.log" 2>/dev/null || true
     if [ -f "$STASH/out/job-$stack.rc" ]; then echo "job $stack ended: rc $(cat "$STASH/out/job-$stack.rc")"
@@ -75,6 +88,13 @@ print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/w
       find "$STASH/out" -maxdepth 1 -type f -size -16M \( -name '*.json' -o -name '*.png' -o -name timeline \) \
         | head -8 | xargs -r cp -t "$OUT" || true
     fi ;;
+  spy)
+    [ -x /tmp/py-spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/py-spy .stage/tools/py_spy-*.whl
+    for pid in $(pgrep -f "$1"); do  # python processes only: the shells that carry PATTERN match too
+      case "$(cat /proc/$pid/comm 2>/dev/null)" in python*) ;; *) continue ;; esac
+      echo "== $pid $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-160)"
+      /tmp/py-spy/bin/py-spy dump --pid "$pid" 2>&1 | head -${2:-40}
+    done ;;
   pack)
     tar -C "$STASH" -cJf "${OUT:?}/stash-out.tar.xz" out $(cd "$STASH" && ls -d vol/rlstack-runs/learning-out 2>/dev/null)
     ls -la "$OUT" ;;

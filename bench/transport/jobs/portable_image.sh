@@ -1,9 +1,8 @@
-# The portable stack from its image on one GPU (bench/transport/image_run.sh bg portable THIS), after the fp8 job
-# has let the GPU go: learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the
-# embedded SmolLM2) and, at the same time on the same GPU, the same recipe with Unsloth's own generation and the
-# runtime probes (sharing the GPU, so the two runs' step times compare with each other, not with a run alone); then
-# the hand-off of the fastgen adapter (evaluated on the bf16 base in portable with transformers
-# and in the fp8 image with vLLM, alone on the GPU, paired).
+# The portable stack from its image on one GPU (bench/transport/image_run.sh bg portable THIS), beside the fp8 job:
+# learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2)
+# and, at the same time, the same recipe with Unsloth's own generation and the runtime probes (the GPU is shared, so
+# step times compare within this job, not with a run alone); then the hand-off of the fastgen adapter, evaluated on
+# the bf16 base in portable with transformers and in the fp8 image with vLLM, paired.
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
@@ -15,7 +14,6 @@ learn() {  # ENGINE; each its own kernel cache (Unsloth writes its generated tra
     --work "/opt/rlstack/runs/learning-portable-$1" --out /opt/rlstack/runs/learning-out > "$O/learning-portable-$1.log" 2>&1
   step "learning-portable-$1 rc $?"; keep
 }
-while [ ! -f "$O/job-fp8.rc" ]; do sleep 5; done  # vLLM runs alone on the GPU
 step start-portable
 probe() {  # beside the learning runs: the probes check what runs, not how fast (no vLLM in portable)
   $RUN -- probe --stack portable --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-portable-image.json \
