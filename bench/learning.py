@@ -219,8 +219,16 @@ def learning_row(
 def stopped_row(stack: str, path: str, steps: int, s_per_step: float | None, base: dict[str, Any]) -> dict[str, Any]:
     """The row of a run whose training stopped: the base it measured, every other column empty (the status says
     why)."""
-    return {**dict.fromkeys(COLUMNS), "stack": stack, "path": path, "steps": steps, "s_per_step": s_per_step,
-            "n": base.get("n"), "base_correct": base.get("correct"), "base_format": base.get("format_ok")}
+    return {
+        **dict.fromkeys(COLUMNS),
+        "stack": stack,
+        "path": path,
+        "steps": steps,
+        "s_per_step": s_per_step,
+        "n": base.get("n"),
+        "base_correct": base.get("correct"),
+        "base_format": base.get("format_ok"),
+    }
 
 
 def pair_row(stack: str, a: str, b: str, c: dict[str, Any]) -> dict[str, Any]:
@@ -282,6 +290,9 @@ class Record:
         self.date = now_iso()
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {"status": "started", "phases": {}}
+        # once the base is measured: the row of a run that stops before its pair (says why), so that every
+        # record the README's table reads has one
+        self.stopped_rows: Callable[[str], list[dict[str, Any]]] | None = None
 
     def write(self) -> Path:
         from rlstack.core import results
@@ -352,6 +363,8 @@ def _stop_on_signal(record: Record) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         record.extra["status"] = f"killed ({signal.Signals(signum).name}) during {record.extra.get('phase')}"
+        if record.stopped_rows is not None and not record.rows:
+            record.rows = record.stopped_rows(record.extra["status"])
         record.write()
         print(
             f"learning: {record.extra['status']}; what was measured is in {record.out / record.name}.json", flush=True
@@ -487,6 +500,22 @@ def train_and_pair(args: argparse.Namespace) -> int:
     metrics_path = run_dir / "metrics.jsonl"
     said: dict[str, str] = {}
 
+    def stopped_rows(why: str) -> list[dict[str, Any]]:
+        from rlstack.payload.train.metrics import read_rows
+
+        done = read_rows(metrics_path)
+        return [
+            stopped_row(
+                args.stack_name,
+                f"{said.get('loader') or '?'}, {rollouts}: {why}, see status",
+                len(done),
+                median_step_s(done),
+                record.extra["base"],
+            )
+        ]
+
+    record.stopped_rows = stopped_rows
+
     def on_train_line(line: str) -> None:
         if m := re.search(r"rlstack train: \S+: \S+ via (\S+) on (\S+),", line):
             said["loader"], said["device"] = m[1], m[2]
@@ -541,8 +570,7 @@ def train_and_pair(args: argparse.Namespace) -> int:
     if rc != 0 or not manifest:
         record.extra["train"]["log_tail"] = tail
         record.extra["status"] = f"failed in train (rc {rc})"
-        record.rows = [stopped_row(args.stack_name, f"{said.get('loader') or '?'}, {rollouts}: training failed, "
-                                   "see status", len(rows), median_step_s(rows), record.extra["base"])]
+        record.rows = stopped_rows("training failed")
         record.write()
         print(f"learning: training failed (rc {rc}); the record keeps its last lines: {args.out / name}.json")
         return rc or 1

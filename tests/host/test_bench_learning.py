@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -107,9 +108,12 @@ def test_pairing_two_runs_overlays_their_reward_curves(learning: ModuleType, tmp
     assert learning.run_curves(evals[0], tmp_path / "elsewhere" / "tuned" / "results.json") == {}
 
 
-def _fake_phases(learning: ModuleType, monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> list[list[str]]:
+def _fake_phases(
+    learning: ModuleType, monkeypatch: pytest.MonkeyPatch, fail: str | None = None, kill_in_train: bool = False
+) -> list[list[str]]:
     """Phase.run replaced by what each rlstack command would leave on disk: an eval's results.json, a train's
-    metrics rows (one per step, each announced by the progress line) and adapter manifest."""
+    metrics rows (one per step, each announced by the progress line) and adapter manifest; `kill_in_train` sends
+    this process SIGTERM after the steps, as a device call's time limit does (the bench's own handler stays)."""
     calls: list[list[str]] = []
 
     def run(
@@ -146,6 +150,8 @@ def _fake_phases(learning: ModuleType, monkeypatch: pytest.MonkeyPatch, fail: st
                         + "\n"
                     )
                 on_line(f"rlstack train: step {step}/2 | reward {0.5 * step:.3f}")
+            if kill_in_train:
+                os.kill(os.getpid(), signal.SIGTERM)
             root = Path(argv[argv.index("--adapters-root") + 1]) / "tuned"
             root.mkdir(parents=True)
             (root / "manifest.json").write_text(json.dumps({"metrics": {"loader": "unsloth", "steps": 2}}))
@@ -153,7 +159,8 @@ def _fake_phases(learning: ModuleType, monkeypatch: pytest.MonkeyPatch, fail: st
 
     monkeypatch.setattr(learning.Phase, "run", staticmethod(run))
     monkeypatch.delenv("RLSTACK_STACK", raising=False)  # the bench names the stack for the phases
-    monkeypatch.setattr(learning, "_stop_on_signal", lambda record: None)
+    if not kill_in_train:
+        monkeypatch.setattr(learning, "_stop_on_signal", lambda record: None)
     monkeypatch.setattr(learning, "_png", lambda *a: {"path": None, "why": "not drawn in this test"})
     return calls
 
@@ -274,6 +281,26 @@ def test_a_failed_phase_leaves_the_record_with_its_last_lines(
     assert got.extra["train"]["log_tail"][-1] == "RuntimeError: boom"
     assert got.extra["base"]["n"] == 4  # the base evaluation done before it is kept
     assert "training failed" in capsys.readouterr().out
+
+
+def test_a_killed_run_keeps_a_row_with_its_base_and_the_steps_it_made(
+    learning: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_phases(learning, monkeypatch, kill_in_train=True)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as stop:
+            learning.main(["--stack-name", "portable", "--out", str(tmp_path), "--work", str(tmp_path / "w")])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert stop.value.code == 128 + signal.SIGTERM
+    got = results.read(next(tmp_path.glob("learning-portable-*.json")))
+    assert got.extra["status"] == "killed (SIGTERM) during train"
+    (row,) = got.rows
+    assert row["base_correct"] == got.extra["base"]["correct"] and row["tuned_correct"] is None
+    assert row["steps"] == 2 and row["s_per_step"] == 2.4  # the steps after the first
+    assert row["path"].endswith("killed (SIGTERM) during train, see status")
 
 
 def test_hand_off_evaluates_the_adapter_and_pairs_it_with_the_other_stack(
