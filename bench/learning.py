@@ -468,7 +468,7 @@ def train_and_pair(args: argparse.Namespace) -> int:
         *quant,
     ]
     rollouts = ROLLOUTS[engine]
-    path = f"{'--fp8' if args.fp8 else 'default loader'}{', 4-bit' if recipe.model.load_in_4bit else ''}, {rollouts}"
+    path = f"{'--fp8' if args.fp8 else 'default loader'}{', 4-bit' if recipe.model.load_in_4bit and not args.fp8 else ''}, {rollouts}"
     record = Record(
         args,
         name,
