@@ -468,7 +468,8 @@ def train_and_pair(args: argparse.Namespace) -> int:
         *quant,
     ]
     rollouts = ROLLOUTS[engine]
-    path = f"{'--fp8' if args.fp8 else 'default loader'}{', 4-bit' if recipe.model.load_in_4bit and not args.fp8 else ''}, {rollouts}"
+    four_bit = recipe.model.load_in_4bit and not args.fp8  # the FP8 path does not use the recipe's 4-bit base
+    path = f"{'--fp8' if args.fp8 else 'default loader'}{', 4-bit' if four_bit else ''}, {rollouts}"
     record = Record(
         args,
         name,
