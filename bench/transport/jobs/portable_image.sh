@@ -2,7 +2,7 @@
 # learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2)
 # and, at the same time, the same recipe with Unsloth's own generation and the runtime probes (the GPU is shared, so
 # step times compare within this job, not with a run alone); then the hand-off of the fastgen adapter, evaluated on
-# the bf16 base in portable with transformers and in the fp8 image with vLLM, paired.
+# the bf16 base in portable with transformers and in the fp8 image with vLLM, paired. STEPS=learn: no probes.
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
@@ -21,10 +21,12 @@ probe() {  # beside the learning runs: the probes check what runs, not how fast 
   step "probe-portable rc $?"; cp "$RUNS/probe-portable-image.json" "$O/" 2>/dev/null
 }
 learn own & sleep 20
-probe & sleep 20
+if [ "${STEPS:-all}" = all ]; then probe & sleep 20; fi
 learn fastgen
 wait
-ADAPTER=/opt/rlstack/runs/$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned | tail -1)
+TUNED=$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned 2>/dev/null | tail -1)
+if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; exit 0; fi
+ADAPTER=/opt/rlstack/runs/$TUNED
 $RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name portable --adapter-from "$ADAPTER" \
   --backend hf --unquantized --work /opt/rlstack/runs/handoff --out /opt/rlstack/runs/learning-out \
   > "$O/handoff-portable.log" 2>&1
