@@ -2,13 +2,15 @@
 discovery checked on a live path (a name imported or read from B, a module imported, a keyword passed to B's
 callee, an original that A replaces) becomes a mutant: its target is deleted or renamed in a scratch copy of
 B's source (the module file left out, the binding's identifier renamed, the parameter renamed), the contract
-layer's discovery is run again over the A files that reference it, and the mutant is killed when a finding that
-the unmutated sources do not have appears. Each survivor is recorded with why it survived (the suppression rule
-the new break fell under, or that the target is a name B makes at run time). A target all of whose referencing
-A files are modules no import path of A reaches is left out of the population before sampling, and counted
-and listed as excluded with that reason. A mutant is equivalent when B still binds the name, or when the only
-thing that catches the break is an except-branch that imports the name from elsewhere and the rerun, which
-walks that branch as the live path, finds its import on the lock.
+layer's discovery is run again over the A files that reference it, and the mutant is killed when the verdict
+turns red: a finding that the unmutated sources do not have appears, or a suppressed key that the stack's
+baseline (rlstack.probes.discover.baseline, compared as the probe does) lacks; the JSON counts kills per cause.
+Each survivor is recorded with why it survived (the suppression rule the new break fell under, or that the
+target is a name B makes at run time). A target all of whose referencing A files are modules no import path of
+A reaches is left out of the population before sampling, and counted and listed as excluded with that reason.
+A mutant is equivalent when B still binds the name, or when the only thing that catches the break is an
+except-branch that imports the name from elsewhere and the rerun, which walks that branch as the live path,
+finds its import on the lock.
 
 The rerun builds a new model of the mutated sources (nothing memoised carries over) and walks, from scratch,
 the A files whose checks reached the target; what discovery collects about A as a whole (its references and
@@ -47,9 +49,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from rlstack.probes import discover, pyast  # noqa: E402
+from rlstack.probes.discover import baseline  # noqa: E402
 from rlstack.probes.discover.findings import Discovered, Ref  # noqa: E402
 from rlstack.probes.discover.model import ApiModel  # noqa: E402
 from rlstack.probes.inputs import fetch_sources  # noqa: E402
+from rlstack.probes.model import ProbeResult  # noqa: E402
 from rlstack.probes.suite import locked_packages  # noqa: E402
 from rlstack.probes.wheels import SourceSet, WheelCache  # noqa: E402
 from rlstack.stacks import locks  # noqa: E402
@@ -197,9 +201,8 @@ class Mutator:
         args = [x for x in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs] if x.arg == t.keyword]
         if not args:
             return Mutation(why_not="the keyword is taken by **kwargs")
-        if node.args.kwarg is not None:  # the renamed keyword lands in **kwargs: no TypeError for any check to see
-            return Mutation(why_not="swallowed: the callee also takes **kwargs, so a call with the renamed keyword "
-                                    "still binds (its value no longer reaches the parameter)")
+        # where the callee also takes **kwargs, the renamed keyword lands there: no TypeError, but a new
+        # 'kwargs-only' key that the stack's baseline lacks
         text = self.src.read(pkg, file) or ""
         return Mutation(pkg, file, _rename(text, [(args[0].lineno, args[0].col_offset, t.keyword)]))
 
@@ -250,13 +253,36 @@ def overlay(base: SourceSet, m: Mutation) -> SourceSet:
     return o
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The stack's baseline as the probe reads it (None: the stack has none), and the ids of what fails on the
+    unmutated sources through it (a key already new there is no mutant's doing)."""
+
+    accepted: baseline.Baseline | None
+    failing: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, stack: Stack, found: Discovered) -> Verdict:
+        accepted = baseline.load(stack)
+        return cls(accepted, frozenset(r.id for r in cls(accepted).baseline_fails(stack, found)))
+
+    def baseline_fails(self, stack: Stack, found: Discovered) -> list[ProbeResult]:
+        """What fails as new since the baseline, through the probe's own comparison (baseline.apply)."""
+        if self.accepted is None:
+            return []
+        res = baseline.apply(stack, discover.render(found, {}), baseline.excused(found), self.accepted, "")
+        return [r for r in res if r.status == "fail" and r.id.startswith(f"discovered:{baseline.RULE}:")
+                and r.id not in self.failing]
+
+
 def run_mutant(stack: Stack, base: ApiModel, locked: dict[str, LockedPackage], a: list[str], found: Discovered,
-               real: set[tuple[str, str, str, str]], t: Target, files: set[tuple[str, str]], mut: Mutation
-               ) -> tuple[bool, str]:
-    """(killed, why): discovery over the mutated sources, on the A files that reference the target. The new
-    model starts from the unmutated model's parsed trees (parsing is not what is tested, and the process-wide
-    tree cache is smaller than a stack's sources), less the mutated file; every answer about names and
-    signatures is computed again."""
+               real: set[tuple[str, str, str, str]], t: Target, files: set[tuple[str, str]], mut: Mutation,
+               verdict: Verdict | None = None) -> tuple[bool, str, str | None]:
+    """(killed, why, cause): discovery over the mutated sources, on the A files that reference the target; the
+    cause of a kill is 'finding' (a finding no rule suppresses) or 'new-since-baseline' (a suppressed key the
+    stack's baseline lacks: `verdict`). The new model starts from the unmutated model's parsed trees (parsing is
+    not what is tested, and the process-wide tree cache is smaller than a stack's sources), less the mutated
+    file; every answer about names and signatures is computed again."""
     src = overlay(base.src, mut)
     model = ApiModel(stack, src, locked)
     model.an._trees = dict(base.an._trees)
@@ -267,26 +293,31 @@ def run_mutant(stack: Stack, base: ApiModel, locked: dict[str, LockedPackage], a
         try:
             model.an._trees[(mut.package, mut.file)] = pyast.parse(mut.text)
         except SyntaxError:
-            return False, "the mutation does not parse (a bench bug, not a probe's)"
+            return False, "the mutation does not parse (a bench bug, not a probe's)", None
     only: dict[str, set[str]] = {}
     for pkg, f in files:
         only.setdefault(pkg, set()).add(f)
     if t.keyword is None and t.name is not None and "." not in t.name and \
             model.name_in_module(t.module, t.name) == "yes":
-        return False, "equivalent: B still binds the name after the change (another binding or a star import)"
+        return False, "equivalent: B still binds the name after the change (another binding or a star import)", None
     if t.keyword is None and t.name is not None and "." in t.name and _inherited(model, t.module, t.name):
         return False, ("equivalent: the class still has the member after the change (a base class in the sources "
-                       "defines it), so the replacement installs over it as before")
+                       "defines it), so the replacement installs over it as before"), None
     again = discover.find(stack, src, locked, a, model=model, only=only, known=found.uses)
     new = [f for f in again.findings if f.rule is None and (f.kind, f.a, f.b, f.key) not in real]
     if new:
-        return True, new[0].message[:200]
+        return True, new[0].message[:200], "finding"
+    fails = verdict.baseline_fails(stack, again) if verdict else []
+    if fails:  # which key turned red, and the rules that excuse it on the mutated sources
+        key = fails[0].id.removeprefix(f"discovered:{baseline.RULE}:")
+        rules = ", ".join(baseline.excused(again)[key].rules)
+        return True, f"{baseline.RULE}: {key[:200]} (excused as {rules})", baseline.RULE
     label = t.module + (f".{t.name}" if t.name and t.keyword is None else "")
     excused = [f for f in again.findings if f.rule and (label in f.key or label in f.message)]
-    if excused and all(f.rule == "caught" and f.fallback and _imports_instead(f.fallback) for f in excused):
+    if excused and all(f.rule == "caught" and baseline.imports_instead(f.fallback) for f in excused):
         fb = excused[0].fallback or ("", 0, "")
         return False, (f"equivalent: the except-branch imports the name from elsewhere ({fb[2][:100]}, line {fb[1]}), "
-                       "which the rerun checked as the live path and found on this lock")
+                       "which the rerun checked as the live path and found on this lock"), None
     hits = Counter(f.rule for f in excused)
     if hits:
         why = "suppressed: " + ", ".join(f"{r} ({n})" for r, n in hits.most_common())
@@ -295,8 +326,8 @@ def run_mutant(stack: Stack, base: ApiModel, locked: dict[str, LockedPackage], a
             fb = next((f.fallback for f in caught if f.fallback), None)
             why += (f"; the except-branch binds {fb[2][:100]} (line {fb[1]})" if fb else
                     "; the except-branch binds nothing in its place (it returns, passes or logs: the step is skipped)")
-        return False, why
-    return False, "no finding: the mutated target was not reported at all"
+        return False, why, None
+    return False, "no finding: the mutated target was not reported at all", None
 
 
 def _inherited(model: ApiModel, module: str, name: str) -> bool:
@@ -312,11 +343,6 @@ def _inherited(model: ApiModel, module: str, name: str) -> bool:
     return member in members
 
 
-def _imports_instead(fb: tuple[str, int, str]) -> bool:
-    """A handler's binding that is an import (not a shim, a stub or None): the name comes from a real source."""
-    return fb[0] == "alternative" and fb[2].startswith(("from ", "import "))
-
-
 def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
     stack = load_stack(name)
     locked = locked_packages(stack)
@@ -329,6 +355,7 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
     found = discover.find(stack, sources, locked, a, model=base)
     full_s = time.perf_counter() - t0
     real: set[tuple[str, str, str, str]] = {(f.kind, f.a, f.b, f.key) for f in found.findings if f.rule is None}
+    verdict = Verdict.of(stack, found)
     population, excluded = population_of(found)
     chosen = sorted(population, key=lambda t: (t.b, t.module, t.name or "", t.keyword or "", t.kind))
     if sample is not None and sample < len(chosen):
@@ -341,10 +368,10 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
         mut = mutator.mutate(t)
         if mut.why_not:
             rows.append({"target": t.label(), "kind": t.kind, "b": t.b, "killed": False, "why": mut.why_not,
-                         "a": sorted({x[0] for x in population[t]})})
+                         "cause": None, "a": sorted({x[0] for x in population[t]})})
             continue
-        killed, why = run_mutant(stack, base, locked, a, found, real, t, population[t], mut)
-        rows.append({"target": t.label(), "kind": t.kind, "b": t.b, "killed": killed, "why": why,
+        killed, why, cause = run_mutant(stack, base, locked, a, found, real, t, population[t], mut, verdict)
+        rows.append({"target": t.label(), "kind": t.kind, "b": t.b, "killed": killed, "why": why, "cause": cause,
                      "a": sorted({x[0] for x in population[t]}), "mutated": f"{mut.package}:{mut.file}"})
     sources.close()
     equivalent = [r for r in rows if str(r["why"]).startswith("equivalent")]
@@ -354,9 +381,18 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
     by_reason = Counter(str(r["why"]).split(":")[0] + (": " + str(r["why"]).split(":")[1].split("(")[0].strip()
                                                       if str(r["why"]).startswith("suppressed") else "")
                         for r in survivors)
+    keys = baseline.excused(found)
+    accepted = verdict.accepted.all() if verdict.accepted else set()
     return {"stack": name, "lock_hash": locks.lock_hash(stack), "a": a, "b": sorted(b),
             "unreadable": sorted(errors), "findings_unmutated": len(real),
             "findings_unmutated_keys": sorted({f"{k[1]}->{k[2]}:{k[0]}:{k[3]}" for k in real}),
+            "baseline": None if verdict.accepted is None else {
+                "file": str(baseline.path(stack).relative_to(ROOT)), "lock": verdict.accepted.lock,
+                "at_this_lock": verdict.accepted.lock == locks.lock_hash(stack), "keys": len(accepted),
+                "suppressed_keys_unmutated": len(keys),
+                "new_since_baseline_unmutated": sorted(verdict.failing),
+                "gone_unmutated": len(accepted - set(keys))},
+            "killed_by_cause": dict(Counter(str(r["cause"]) for r in rows if r["killed"]).most_common()),
             "references_live": len({(r.a, r.file, r.line, r.module, r.name, r.keyword) for r in found.refs if r.live}),
             "targets": len(population), "excluded": len(excluded),
             "excluded_by_reason": dict(Counter(excluded.values()).most_common()), "excluded_reasons": EXCLUDED,
@@ -371,7 +407,10 @@ def bench_stack(name: str, sample: int | None, seed: int) -> dict[str, object]:
             "unchecked_runtime_names": dict(found.unchecked),
             "discovery_s": round(full_s, 1), "mutants_s": round(time.perf_counter() - t1, 1),
             "by_pair": _by_pair(rows), "survivors": survivors,
-            "killed_examples": [r for r in rows if r["killed"]][:20]}
+            "killed_through_baseline_by_rule": dict(Counter(
+                rule for r in rows if r["cause"] == baseline.RULE
+                for rule in str(r["why"]).rsplit("(excused as ", 1)[-1].rstrip(")").split(", ")).most_common()),
+            "killed_mutants": [r for r in rows if r["killed"]]}
 
 
 def _by_pair(rows: list[dict[str, object]]) -> dict[str, dict[str, int]]:
@@ -417,19 +456,30 @@ def checks() -> dict[str, object]:
 def render_md(data: dict[str, object]) -> str:
     lines = [f"# Probe mutation score ({data['date']}, {data['machine']})", "",
              f"`{data['command']}`", "",
-             "| stack | lock | references | targets | excluded | mutants | equivalent | killed | survived | score "
-             "| target |",
+             "| stack | lock | references | targets | excluded | mutants | equivalent | killed (finding / baseline) "
+             "| survived | score | target |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in data["stacks"]:  # type: ignore[attr-defined]
         goal = ">= 90 %" if s["stack"].startswith("fp8") else "0 false alarms"
         score = f"{100 * s['score']:.1f} %" if s["score"] is not None else "-"
+        causes = s.get("killed_by_cause", {})
+        killed = f"{s['killed']} ({causes.get('finding', 0)} / {causes.get(baseline.RULE, 0)})"
         lines.append(f"| {s['stack']} | {s['lock_hash'][:12]} | {s['references_live']} | {s['targets']} | "
                      f"{s.get('excluded', 0)} | {s['mutants']}"
-                     f"{' (sample)' if s['sampled'] else ''} | {s.get('equivalent', 0)} | {s['killed']} | "
+                     f"{' (sample)' if s['sampled'] else ''} | {s.get('equivalent', 0)} | {killed} | "
                      f"{s['survived']} | {score} | {goal} |")
     lines += ["", "references: live cross-package references discovery checked; targets: what they reach in B (a "
               "name, module, keyword or original), the population; excluded: targets left out before sampling, "
-              "with the reason discovery proves (the JSON lists each).", "", "## Survivors by reason", ""]
+              "with the reason discovery proves (the JSON lists each). killed: the verdict turns red, through a "
+              "finding no rule suppresses (finding) or through a suppressed key the stack's probe-baseline.json "
+              "lacks (baseline: new-since-baseline).", "", "## Baselines", ""]
+    for s in data["stacks"]:  # type: ignore[attr-defined]
+        b = s.get("baseline")
+        lines.append(f"- {s['stack']}: " + ("no baseline file" if not b else
+                     f"{b['file']}, {b['keys']} keys, accepted at lock {b['lock'][:12]}"
+                     f"{'' if b['at_this_lock'] else ' (another lock)'}; unmutated: "
+                     f"{len(b['new_since_baseline_unmutated'])} new since it, {b['gone_unmutated']} gone"))
+    lines += ["", "## Survivors by reason", ""]
     for s in data["stacks"]:  # type: ignore[attr-defined]
         lines.append(f"- {s['stack']}: " + (", ".join(f"{k} {v}" for k, v in s["survivors_by_reason"].items())
                                              or "none"))
@@ -441,6 +491,18 @@ def render_md(data: dict[str, object]) -> str:
     for s in data["stacks"]:  # type: ignore[attr-defined]
         for r in s["survivors"]:
             lines.append(f"- {s['stack']}: `{r['target']}` ({r['kind']}, {', '.join(r['a'])} -> {r['b']}): {r['why']}")
+    lines += ["", "## Killed through the baseline", "",
+              "The mutants whose only red result is a suppressed key the stack's baseline lacks (without the baseline "
+              "they survive), counted by the rules that excuse that key on the mutated sources; the JSON gives each "
+              "one's key.", ""]
+    for s in data["stacks"]:  # type: ignore[attr-defined]
+        by_rule = s.get("killed_through_baseline_by_rule", {})
+        lines.append(f"- {s['stack']}: " + (", ".join(f"{k} {v}" for k, v in by_rule.items()) or "none"))
+    lines.append("")
+    for s in data["stacks"]:  # type: ignore[attr-defined]
+        for r in s.get("killed_mutants", []):
+            if r.get("cause") == baseline.RULE:
+                lines.append(f"- {s['stack']}: `{r['target']}` ({r['kind']}, {', '.join(r['a'])} -> {r['b']})")
     extra = data.get("checks", {})
     if extra:
         lines += ["", "## Guarantees", ""]
@@ -500,7 +562,9 @@ def main() -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": f"{platform.node()}, {os.cpu_count()} CPU cores, no GPU",
         "command": "python bench/probe_mutation.py " + " ".join(sys.argv[1:]),
-        "killed_means": "a finding (no suppression rule) that the unmutated sources do not have",
+        "killed_means": "the verdict turns red where the unmutated sources leave it as it was: a finding (no "
+                        "suppression rule) that they do not have, or a suppressed key that the stack's baseline "
+                        "(images/<stack>/probe-baseline.json) lacks and they do not fail on (new-since-baseline)",
         "stacks": []}
     for name in args.stacks.split(","):
         print(f"{name}: ...", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from rlstack.probes import discover
+from rlstack.probes.discover import baseline
 from rlstack.probes.discover.model import ApiModel
 from rlstack.probes.wheels import SourceSet
 from rlstack.stacks.locks import LockedPackage
@@ -87,24 +88,42 @@ def test_each_live_reference_is_mutated_and_killed_or_explained(tmp_path: Path, 
     population, excluded = mutation.population_of(found)
     # patcher/orphan.py is imported by nothing of patcher: its reference is left out, with the reason
     assert {t.label(): why for t, why in excluded.items()} == {"hostlib.only_orphan.X": "unreferenced-module"}
+    # the baseline accepted on the unmutated sources: every key they suppress
+    verdict = mutation.Verdict(baseline.of(stack, baseline.excused(found), "test"))
     got = {}
     for t in population:
         mut = mutation.Mutator(base).mutate(t)
         if mut.why_not:
-            got[t.label()] = (False, mut.why_not)
+            got[t.label()] = (False, mut.why_not, None)
             continue
-        got[t.label()] = mutation.run_mutant(stack, base, locked, ["patcher"], found, real, t, population[t], mut)
-    assert got["hostlib.lora.LoRARequest"][0]  # the stub fallback takes over: killed
-    assert got["hostlib.api.helper"][0]  # bound through a star import: renamed where it is defined, killed
-    assert got["hostlib.sub"][0]  # the module left out: killed
-    assert got["hostlib.api.run(mode=)"][0]  # the parameter renamed: killed
+        got[t.label()] = mutation.run_mutant(stack, base, locked, ["patcher"], found, real, t, population[t], mut,
+                                             verdict)
+    assert got["hostlib.lora.LoRARequest"][::2] == (True, "finding")  # the stub fallback takes over: killed
+    assert got["hostlib.api.helper"][::2] == (True, "finding")  # bound through a star import: renamed where defined
+    assert got["hostlib.sub"][::2] == (True, "finding")  # the module left out: killed
+    assert got["hostlib.api.run(mode=)"][::2] == (True, "finding")  # the parameter renamed: killed
     # a replaced method a base class defines too: the replacement installs over the inherited one, equivalent
     assert got["hostlib.engine.Engine.step"][1].startswith("equivalent: the class still has the member")
-    # the callee also takes **kwargs: the renamed keyword still binds, so no check can fail; explained
-    assert got["hostlib.api.loose(mode=)"][1].startswith("swallowed: the callee also takes **kwargs")
-    # a None fallback: explained, with what the except-branch binds instead
-    assert got["hostlib.lora.OPTIONAL"] == (False, "suppressed: caught (1); the except-branch binds OPTIONAL = None "
-                                                   "(line 12)")
+    # the callee also takes **kwargs: the renamed keyword still binds, but now only through **kwargs, a key the
+    # baseline lacks: killed through it
+    assert got["hostlib.api.loose(mode=)"] == (
+        True, "new-since-baseline: patcher->hostlib:keyword:hostlib.api.loose(mode) (excused as kwargs-only)",
+        "new-since-baseline")
+    # a None fallback: the caught import is a key the baseline lacks, killed through it
+    assert got["hostlib.lora.OPTIONAL"] == (
+        True, "new-since-baseline: patcher->hostlib:import:hostlib.lora.OPTIONAL (excused as caught)",
+        "new-since-baseline")
+    # with no baseline the same two survive, each explained: what the except-branch binds instead
+    no_baseline = mutation.Verdict(None)
+    for label in ("hostlib.lora.OPTIONAL", "hostlib.api.loose(mode=)"):
+        t = next(t for t in population if t.label() == label)
+        again = mutation.run_mutant(stack, base, locked, ["patcher"], found, real, t, population[t],
+                                    mutation.Mutator(base).mutate(t), no_baseline)
+        assert again[0] is False and again[2] is None, label
+        got[label] = again
+    assert got["hostlib.lora.OPTIONAL"][1] == ("suppressed: caught (1); the except-branch binds OPTIONAL = None "
+                                               "(line 12)")
+    assert got["hostlib.api.loose(mode=)"][1] == "suppressed: kwargs-only (1)"
     # the handler imports the name from a module that has it, and the rerun checked that import: equivalent
     assert got["hostlib.lora.NEWER"][1].startswith("equivalent: the except-branch imports the name from elsewhere")
     # the unmutated sources are untouched by the scratch copies

@@ -29,6 +29,9 @@ Suggest = Annotated[bool, typer.Option(help="find the closest combination of ver
                                             "by uv")]
 DiscoveredOnly = Annotated[bool, typer.Option(help="contract layer from discovery alone: no case data from "
                                                    "contracts.yaml (what the wheels' sources show by themselves)")]
+AcceptBaseline = Annotated[bool, typer.Option(help="write images/<stack>/probe-baseline.json from discovery's "
+                                                   "suppressed findings on the current lock, so that none of them is "
+                                                   "new since the baseline; then probe (implies --discovered-only)")]
 
 
 class ProbeReportError(RlstackError):
@@ -144,6 +147,7 @@ def probe(
     fresh: Fresh = False,
     suggest: Suggest = False,
     discovered_only: DiscoveredOnly = False,
+    accept_baseline: AcceptBaseline = False,
 ) -> int:
     """Run a stack's probes (resolve, contract, toolchain, runtime): a table or JSON. Exit 1 when a probe fails,
     3 when none fails but one that decides a wall could not run (undecided, never a pass). A runtime report
@@ -156,6 +160,12 @@ def probe(
         raise UsageError(f"--gpu-arch {gpu_arch[:40]!r} is not a GPU arch", "give one of the form sm_90, sm_120 "
                          "or sm_90a (images/<stack>/stack.toml lists each stack's gpu_archs)")
     refuse_edited_lock(stack)
+    if accept_baseline:
+        discovered_only = True
+        if layer is not None and "contract" not in (split_csv(layer) or []):
+            raise UsageError("--accept-baseline writes what the contract layer's discovery finds",
+                             "add contract to --layer, or leave --layer out")
+        accept(stack)
     r = suite.run(stack, layers=split_csv(layer), gpu_arch=gpu_arch, with_stacks=split_csv(with_stack) or [],
                   fresh=fresh, runtime_only=split_csv(runtime_probes), discovered_only=discovered_only)
     if suggest and json_:
@@ -168,6 +178,17 @@ def probe(
     if suggest:
         rc = max(rc, run_suggest(stack, gpu_arch or "sm_120")[0])
     return rc
+
+
+def accept(stack_name: str) -> None:
+    """Write the stack's probe baseline from discovery on its lock (rlstack.probes.discover.baseline)."""
+    from rlstack.probes import discover, suite
+    from rlstack.probes.wheels import WheelCache
+    from rlstack.stacks import load_stack
+
+    st = load_stack(stack_name)
+    written = discover.accept(st, locked=suite.locked_packages(st), cache=WheelCache())
+    print(f"wrote {written}: every suppressed finding on this lock accepted (review it with git diff)", file=sys.stderr)
 
 
 def refuse_edited_lock(stack_name: str) -> None:

@@ -18,11 +18,14 @@ read from the locked wheels (no import, no GPU), in three steps:
 
 One renderer (render.py) turns all findings into probe results. A finding that a rule suppresses is counted
 with the rule's reason (RULES), per rule and per package pair in the summary, and listed with its site in a
-side file beside the cached result, never dropped silently. A stub fallback (an except-branch that binds a
-placeholder in the missing name's place) is a finding, not a suppression: it moves the failure to where the
-name is used. Names built at run time (runtime_names.py) are checked where the source pins their strings down,
-and counted as unchecked where it does not. Each check records the reference it made (findings.Ref), which is
-what bench/probe_mutation.py deletes or renames in B's source to measure whether the checks can fail.
+side file beside the cached result, never dropped silently. The rules are right on one lock, not across locks:
+each stack's baseline (baseline.py) holds the suppressed keys accepted at its lock, and a suppressed key it lacks
+is a finding (`new-since-baseline`), so a dependency that newly breaks an optional path fails. A stub fallback
+(an except-branch that binds a placeholder in the missing name's place) is a finding, not a suppression: it
+moves the failure to where the name is used. Names built at run time (runtime_names.py) are checked where the
+source pins their strings down, and counted as unchecked where it does not. Each check records the reference it
+made (findings.Ref), which is what bench/probe_mutation.py deletes or renames in B's source to measure whether
+the checks can fail.
 
 The split follows griffe's loader / visitor / extension one: the model loads, the walk visits, each pass is
 an analysis that can be run (and tested) alone. Why not griffe itself (it loads a package's API from source
@@ -39,21 +42,22 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 
 from rlstack.core.pkgnames import requirement_name
-from rlstack.probes.discover import imports, keywords, pastes, replacements, sites
+from rlstack.probes.discover import baseline, imports, keywords, pastes, replacements, sites
 from rlstack.probes.discover.findings import KINDS, RULES, Discovered, Finding, Kind, PassResult
 from rlstack.probes.discover.model import ApiModel
 from rlstack.probes.discover.render import render
 from rlstack.probes.inputs import code_hash, fetch_sources
 from rlstack.probes.model import ProbeResult
 from rlstack.probes.remote import write_text
-from rlstack.probes.wheels import SourceSet, WheelCache, cache_dir
+from rlstack.probes.wheels import SourceSet, WheelCache, WheelError, cache_dir
 from rlstack.stacks.locks import LockedPackage
 from rlstack.stacks.model import Stack
 
-__all__ = ["KINDS", "PASSES", "RULES", "Discovered", "Finding", "Kind", "a_set", "find", "render", "results",
-           "suppressed_file"]
+__all__ = ["KINDS", "PASSES", "RULES", "Discovered", "Finding", "Kind", "a_set", "accept", "baseline", "find",
+           "render", "results", "suppressed_file"]
 
 Pass = Callable[[ApiModel, sites.Uses], PassResult]
 PASSES: dict[Kind, Pass] = {"replacement": replacements.find, "import": imports.find, "paste": pastes.find,
@@ -100,7 +104,26 @@ def b_set(stack: Stack, locked: dict[str, LockedPackage], cache: WheelCache, a: 
 
 def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache) -> list[ProbeResult]:
     """Discovery's findings as probe results (one per finding, then one summary with the counts and the
-    suppression rules that applied), cached under the wheels' sha256 and the probes' code."""
+    suppression rules that applied), cached under the wheels' sha256 and the probes' code, then compared with
+    the stack's baseline (baseline.py): a suppressed key the baseline lacks fails."""
+    raw, keys = _cached(stack, locked, cache)
+    return baseline.apply(stack, raw, keys, baseline.load(stack), code_hash())
+
+
+def accept(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache) -> Path:
+    """Write the stack's baseline from discovery's suppressed keys on its current lock (cached, or one run), so
+    that none of them is new; WheelError when a wheel could not be read (the keys would be incomplete)."""
+    raw, keys = _cached(stack, locked, cache)
+    if raw[-1].undecided:
+        raise WheelError(f"not writing {baseline.path(stack)}: a locked wheel could not be read, so the suppressed "
+                         f"keys are incomplete ({raw[-1].reason.split('UNDECIDED: ')[-1]})",
+                         "fix the wheel access (network, index settings), then accept again")
+    return baseline.write(stack, baseline.of(stack, keys, code_hash()))
+
+
+def _cached(stack: Stack, locked: dict[str, LockedPackage], cache: WheelCache
+            ) -> tuple[list[ProbeResult], dict[str, baseline.Excused]]:
+    """(discovery's results before the baseline, its suppressed keys), from the cache or from a run."""
     a = a_set(stack, locked)
     b = b_set(stack, locked, cache, a)
     key = {"stack": stack.name, "a": a,
@@ -108,8 +131,10 @@ def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache
            "python": stack.python, "platform": stack.platform, "code": code_hash()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     path = cache_dir() / "results" / f"discover-{digest}.json"
-    if path.is_file():
-        return [ProbeResult.model_validate(r) for r in json.loads(path.read_text())]
+    keys_path = path.with_name(f"discover-{digest}.keys.json")
+    if path.is_file() and keys_path.is_file():
+        return ([ProbeResult.model_validate(r) for r in json.loads(path.read_text())],
+                baseline.read_keys(keys_path.read_text()))
     sources, errors, _ = fetch_sources(stack, set(a) | b, locked, cache, prefetch_skip=frozenset())
     side = path.with_name(f"discover-{digest}.suppressed.json")
     try:
@@ -119,9 +144,11 @@ def results(stack: Stack, *, locked: dict[str, LockedPackage], cache: WheelCache
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(side, json.dumps(suppressed_file(stack, found), indent=1))
     out = render(found, errors, side)
+    keys = baseline.excused(found)
     if not any(r.undecided for r in out):
+        write_text(keys_path, baseline.dump_keys(keys))
         write_text(path, json.dumps([r.model_dump(mode="json") for r in out]))
-    return out
+    return out, keys
 
 
 def suppressed_file(stack: Stack, found: Discovered) -> dict[str, object]:

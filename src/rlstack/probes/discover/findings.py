@@ -55,6 +55,9 @@ RULES: dict[str, str] = {
                  "that A assigns is an equivalent change for the same reason",
     "unreferenced-module": "no source of A imports or names this module (a script, a shipped cache of generated "
                            "code that A rewrites before importing): no import path reaches it",
+    "kwargs-only": "the callee has no parameter of this name but takes **kwargs: the call binds, and where the "
+                   "value goes is up to the callee; recorded so that a parameter B renames (the keyword then lands "
+                   "in **kwargs, and its value no longer reaches the parameter) shows against the stack's baseline",
 }
 
 # What a stub fallback is: the handler of a failing try that binds the missing name to a placeholder (`class X:

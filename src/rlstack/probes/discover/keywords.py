@@ -1,5 +1,6 @@
 """The keywords pass: every keyword A passes to B's functions and constructors must be a parameter of the
-callee in B's locked version (or the callee takes **kwargs).
+callee in B's locked version, or the callee takes **kwargs (counted under the rule 'kwargs-only', so that a
+keyword that newly lands in **kwargs, a parameter B renamed, shows against the stack's baseline: baseline.py).
 
 The callee is what the call's name resolves to through A's imports (`from B.x import f` then `f(k=...)`,
 `import B.x` then `B.x.f(k=...)`); a constructor's parameters are its class's __init__, or the first base's
@@ -56,6 +57,11 @@ def _keywords(model: ApiModel, uses: Uses, site: Site, call: ast.Call, order: tu
     out.refs += [Ref("keyword", a, b, module, name, ctx.file, call.lineno, ctx.live is True, k)
                  for k in kws if k in params.names]
     missing = [k for k in kws if k not in params.names and not params.var_kw]
+    for k in dict.fromkeys(kws):  # binds through **kwargs only: counted, and compared with the stack's baseline
+        if k not in params.names and params.var_kw:
+            out.add(a, b, f"{name}() has no parameter '{k}' and takes it through **kwargs ({a} passes {k}=; in {b} "
+                    f"{model.version(b)} its value reaches whatever the callee passes **kwargs on to)", ev,
+                    "kwargs-only", f"{module}.{name}({k})", order)
     if missing:
         ev.append(Evidence(text=f"{name}{params.text}", package=pkg, file=home[0], line=home[1]))
         out.add(a, b, f"TypeError: {name}() got an unexpected keyword argument '{missing[0]}' ({a} passes "
