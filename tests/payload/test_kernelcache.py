@@ -78,3 +78,36 @@ def test_the_vllm_server_applies_it_before_vllm_is_imported(monkeypatch: pytest.
     with pytest.raises(SystemExit):
         serve.main([])
     assert seen["flashinfer"] == str(tmp_path / "native" / "flashinfer")
+
+
+def test_inductors_folder_is_taken_back_from_torchs_default_after_unsloth_popped_it(tmp_path: Path) -> None:
+    """`import unsloth` pops TORCHINDUCTOR_CACHE_DIR and torch then writes its /tmp default into the environment;
+    apply() alone would keep that default as if a user had chosen it."""
+    root = tmp_path / "kc"
+    ours = str(root / "native" / "inductor")
+    env = {kernelcache.ROOT_ENV: str(root), kernelcache.INDUCTOR: "/tmp/torchinductor_someone"}
+    kernelcache.apply(env)
+    assert env[kernelcache.INDUCTOR] == "/tmp/torchinductor_someone"  # what apply leaves
+    assert kernelcache.reclaim_inductor(env, torch_default="/tmp/torchinductor_someone") == ours
+    assert env[kernelcache.INDUCTOR] == ours and Path(ours).is_dir()
+    popped = {kernelcache.ROOT_ENV: str(root)}
+    assert kernelcache.reclaim_inductor(popped, torch_default="/tmp/torchinductor_someone") == ours
+    assert popped[kernelcache.INDUCTOR] == ours
+
+
+def test_reclaiming_keeps_a_users_own_inductor_folder_and_needs_the_root(tmp_path: Path) -> None:
+    mine = {kernelcache.ROOT_ENV: str(tmp_path), kernelcache.INDUCTOR: "/mine"}
+    assert kernelcache.reclaim_inductor(mine, torch_default="/tmp/torchinductor_someone") is None
+    assert mine[kernelcache.INDUCTOR] == "/mine"
+    bare = {kernelcache.INDUCTOR: "/tmp/torchinductor_someone"}
+    assert kernelcache.reclaim_inductor(bare, torch_default="/tmp/torchinductor_someone") is None
+    assert bare == {kernelcache.INDUCTOR: "/tmp/torchinductor_someone"}
+
+
+def test_torchs_default_is_what_importing_dynamo_writes() -> None:
+    """The default reclaim_inductor compares against is the one torch really writes (torch 2.10 here)."""
+    pytest.importorskip("torch")
+    code = "import os, torch._dynamo; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"
+    env = {k: v for k, v in os.environ.items() if k != kernelcache.INDUCTOR}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == kernelcache.torch_default_inductor_dir(), out.stderr

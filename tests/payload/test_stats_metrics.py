@@ -178,3 +178,41 @@ def test_a_rollout_that_bypasses_the_timed_method_is_not_reported_as_zero(tmp_pa
     (row,) = metrics.read_rows(tmp_path / "m.jsonl")
     assert "generate_s" not in row and "score_s" not in row and "train_s" in row
     assert metrics.make_callback(tmp_path / "n.jsonl", ["format"], 8).time_phases(object()) == []
+
+
+def test_each_row_counts_the_graphs_torch_compile_built_and_the_line_names_a_compiling_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A step that compiles (a first compile, or a recompile after a batch-width change) stalls for minutes with the
+    GPU idle; its row and progress line say so, and a step that compiled nothing says nothing."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    cb = metrics.make_callback(tmp_path / "m.jsonl", ["format"], 8)
+    args, state = SimpleNamespace(max_completion_length=16), SimpleNamespace(global_step=1, max_steps=3,
+                                                                             is_world_process_zero=True)
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    compiled(torch.ones(3))  # one graph
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    first = capsys.readouterr().err
+    state.global_step = 2
+    compiled(torch.ones(3))  # the same shape: no graph
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    second = capsys.readouterr().err
+    state.global_step = 3
+    compiled(torch.ones(5))  # a new shape under dynamic=False: a recompile
+    cb.on_log(args, state, None, logs={"reward": 0.5})
+    third = capsys.readouterr().err
+    rows = metrics.read_rows(tmp_path / "m.jsonl")
+    counts = [r["compiled_graphs"] for r in rows]
+    assert counts[1] == counts[0] and counts[2] == counts[1] + 1
+    assert "torch.compile built" in first and "torch.compile built" not in second
+    assert "torch.compile built 1 graph(s) this step" in third
+    assert {"fxgraph_cache_hits", "fxgraph_cache_misses", "aot_cache_hits", "aot_cache_misses"} <= set(rows[0])
+
+
+def test_compile_counts_are_empty_where_dynamo_never_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
+    assert metrics.compile_counts() == {}

@@ -62,3 +62,41 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
         env[name] = str(path)
         done[name] = str(path)
     return done
+
+
+INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def torch_default_inductor_dir() -> str:
+    """torch's own Inductor cache folder (/tmp/torchinductor_<user>), the value torch writes into os.environ."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return str(default_cache_dir())
+
+
+def reclaim_inductor(environ: MutableMapping[str, str] | None = None, torch_default: str | None = None) -> str | None:
+    """Put TORCHINDUCTOR_CACHE_DIR back under $RLSTACK_KERNEL_CACHE after `import unsloth`; return the folder set
+    (None: nothing to do).
+
+    Why: unsloth_zoo's patch_torch_compile, run once at `import unsloth`, pops the variable (patching_utils.py:131
+    at 2026.6.1, :232 at 2026.10.6), and torch writes its own /tmp default back into os.environ the first time
+    anything asks for the folder (`import torch._dynamo` does, and so does any compile: cache_dir_utils.cache_dir).
+    `apply` would take that default for the user's choice and keep it, and Inductor's FX-graph and AOTAutograd
+    caches (the bulk of a GRPO step's compile) would land on tmpfs again. A value that is neither unset nor torch's
+    default is the user's and stays. `torch_default`: that default (asked of torch when not given)."""
+    env = os.environ if environ is None else environ
+    root = env.get(ROOT_ENV, "").strip()
+    if not root:
+        return None
+    current = env.get(INDUCTOR, "")
+    if current:
+        default = torch_default if torch_default is not None else torch_default_inductor_dir()
+        if os.path.abspath(current) != os.path.abspath(default):
+            return None
+    path = Path(root) / scope_name(env) / VARIABLES[INDUCTOR]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # as in apply: an unwritable cache must not stop a run
+    env[INDUCTOR] = str(path)
+    return str(path)

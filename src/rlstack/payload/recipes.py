@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.names import MAX_LENGTH, InvalidNameError, check_name
@@ -139,6 +139,17 @@ class GrpoSpec(_Strict):
     lr_scheduler_type: str = "constant"
     max_grad_norm: float = Field(default=1.0, gt=0)
     optim: str = "adamw_torch"
+    unsloth_logit_chunk_multiplier: Annotated[StrictInt, Field(gt=0)] | Literal["auto"] = Field(
+        default=1,
+        description="Unsloth loaders only (portable, --fp8): the pieces Unsloth's GRPO log-softmax cuts each "
+        "sequence's logits into (its GRPOConfig field of the same name). Its compiled function unrolls rows x this "
+        "many chunks into one graph. 1, rlstack's default: one chunk per sequence, so the chunk count is the row "
+        "count at every padded width and torch.compile builds that graph once per run, a quarter the size of the "
+        "one at 4. 'auto' is Unsloth's own max(4, width // 4096), under which unsloth_zoo 2026.6.1 compiles it "
+        "again, for minutes, whenever the padded width (longest completion plus the batch's prompt-length spread) "
+        "moves to a new remainder mod 4 (torch.chunk's piece count changes). The cost of 1: a chunk holds one "
+        "sequence's logits, width x vocabulary in float32 (about 0.6 GB at 1,024 tokens and a 152k vocabulary); "
+        "for completions of many thousand tokens with a large vocabulary, set a larger number")
     gradient_checkpointing: bool = False
     save_steps: int = Field(default=50, gt=0, description="checkpoint every N steps (for --resume)")
     save_total_limit: int = Field(default=2, gt=0)

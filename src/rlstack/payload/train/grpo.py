@@ -24,7 +24,7 @@ from rlstack.core.fileio import check_folder, write_atomic
 from rlstack.core.names import check_name
 from rlstack.core.paths import shown
 from rlstack.payload import adapters, prompt, tokenizer_files
-from rlstack.payload.recipes import Recipe
+from rlstack.payload.recipes import GrpoSpec, Recipe
 from rlstack.payload.train import checkpoints, metrics, ranks, runs
 
 
@@ -160,10 +160,54 @@ def trainer_config(recipe: Recipe, loaded: Any, checkpoints_dir: Path) -> Any:
         dtype_name = "float32"
     config = grpo_config(recipe, checkpoints_dir, use_vllm=loaded.loader == "unsloth-fp8",
                          dtype_name=dtype_name, on_gpu=loaded.device == "cuda")
+    said = set_logit_chunking(config, recipe, loaded.loader)
+    if said:
+        print(f"rlstack train: {said}", file=sys.stderr)
     from rlstack.payload.train.compat import export_mixed_precision
 
     export_mixed_precision(bool(config.bf16), bool(config.fp16))
     return config
+
+
+CHUNK_FIELD = "unsloth_logit_chunk_multiplier"  # Unsloth's GRPOConfig field, and the recipe's grpo.<same name>
+
+
+def set_logit_chunking(config: Any, recipe: Recipe, loader: str) -> str | None:
+    """Put grpo.unsloth_logit_chunk_multiplier on Unsloth's GRPOConfig before the trainer is built; return what
+    rlstack train says about it (None where there is nothing to say).
+
+    Why (recipes.GrpoSpec has the user's side): Unsloth's GRPO loss computes log-probabilities with
+    chunked_hidden_states_selective_log_softmax, compiled with dynamic=True, fullgraph=True, which unrolls a Python
+    loop over `chunks = rows x multiplier` pieces of the flattened (rows x width) hidden states (unsloth_zoo
+    2026.6.1 rl_replacements.py:73-115 and 1058-1070; 2026.10.6 rl_replacements.py:83-190 and 2221; the logprob
+    pass in unsloth 2026.10.6 rl_replacements.py:2405-2422 and 2954). With Unsloth's default multiplier, max(4,
+    width // 4096) (zoo 2026.6.1 rl_replacements.py:310-319), the graph has four pieces a sequence, and in zoo
+    2026.6.1 torch.chunk makes ceil(n / ceil(n / chunks)) of them (64 rows at widths 128 to 131: 256, 251, 253,
+    255), so Dynamo guards on the count and compiles the whole forward and backward again when a
+    step's width (TRL pads to the longest completion, Unsloth adds the batch's prompt-length spread:
+    rl_replacements.py:843-855 and 1111) lands on a new remainder. At 1 the pieces are exactly the rows, at every width:
+    one graph for the run, a quarter the size. zoo 2026.10.6 cuts `chunks` fixed row ranges instead (no recompile, its
+    comment at rl_replacements.py:137-139 names the torch.chunk one), but at 4 x rows pieces their symbolic bounds
+    (i x n) // chunks make a graph four times as long to trace and lower as at 1, where each bound is i x width.
+    Both releases read the field at every step (zoo 2026.6.1 rl_replacements.py:812-840; 2026.10.6
+    rl_replacements.py:1572-1589), and TRL's own GRPOConfig has no such field: with the transformers loader the
+    option does nothing, and says so only when the recipe changed it."""
+    value = recipe.grpo.unsloth_logit_chunk_multiplier
+    wanted = None if value == "auto" else value
+    if not loader.startswith("unsloth"):
+        if value != GrpoSpec.model_fields[CHUNK_FIELD].default:
+            return (f"grpo.{CHUNK_FIELD} = {value!r} has no effect with the {loader} loader (it sets Unsloth's GRPO "
+                    "loss, which this loader does not run)")
+        return None
+    if not hasattr(config, CHUNK_FIELD):
+        return (f"grpo.{CHUNK_FIELD} = {value!r} could not be set: this Unsloth's GRPOConfig has no {CHUNK_FIELD} "
+                "field, so its loss chunks logits its own way (and may compile again when the batch width changes)")
+    setattr(config, CHUNK_FIELD, wanted)
+    if wanted is None:
+        return (f"{CHUNK_FIELD} = None (grpo.{CHUNK_FIELD} = 'auto': Unsloth's own choice, which can compile the "
+                "GRPO loss again when the padded width changes)")
+    return (f"{CHUNK_FIELD} = {wanted} (grpo.{CHUNK_FIELD}): Unsloth's GRPO loss cuts each sequence's logits into "
+            f"{wanted} piece(s), so its compiled log-softmax keeps one shape plan across batch widths")
 
 
 def use_fastgen(recipe: Recipe, trainer: Any, loaded: Any, *, use_vllm: bool) -> bool:

@@ -135,9 +135,11 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
 
     from rlstack.payload import kernelcache
 
-    # importing unsloth pops TORCHINDUCTOR_CACHE_DIR (unsloth_zoo patching_utils.py, patch_torch_compile), which
-    # sends inductor's cache to /tmp: put the kernel-cache folder back (only where RLSTACK_KERNEL_CACHE is set)
+    # importing unsloth pops TORCHINDUCTOR_CACHE_DIR (unsloth_zoo patching_utils.py, patch_torch_compile), and torch
+    # may have written its /tmp default back since: put the kernel-cache folder back (only where RLSTACK_KERNEL_CACHE
+    # is set; kernelcache.reclaim_inductor says why both)
     kernelcache.apply()
+    kernelcache.reclaim_inductor()
 
     kwargs: dict[str, Any] = dict(model_name=target, max_seq_length=spec.max_seq_length, dtype=None)
     if fp8:

@@ -55,6 +55,31 @@ def _sync_cuda() -> None:
         torch.cuda.synchronize()
 
 
+# torch's own running counts (torch._dynamo.utils.counters, section -> name), as each metrics row names them
+COMPILE_COUNTERS = {
+    "compiled_graphs": ("stats", "unique_graphs"),  # every graph Dynamo handed to a backend: first compiles and
+    # recompiles alike
+    "fxgraph_cache_hits": ("inductor", "fxgraph_cache_hit"),  # Inductor's generated code, from TORCHINDUCTOR_CACHE_DIR
+    "fxgraph_cache_misses": ("inductor", "fxgraph_cache_miss"),
+    "aot_cache_hits": ("aot_autograd", "autograd_cache_hit"),  # AOTAutograd's forward/backward split, same folder
+    "aot_cache_misses": ("aot_autograd", "autograd_cache_miss"),
+}
+
+
+def compile_counts() -> dict[str, int]:
+    """torch.compile's counts so far in this process (COMPILE_COUNTERS); empty where Dynamo was never imported.
+
+    Why: a step that compiles runs minutes of single-threaded Inductor work with the GPU idle, and nothing else in
+    a row tells a compile from slow kernels. With the running counts in each row, a slow step shows whether it
+    compiled a graph (a first compile or a recompile after a shape change), and a run on a carried kernel cache
+    (RLSTACK_KERNEL_CACHE) shows whether Inductor's caches answered. Dynamo's tracing itself is never cached."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return {}
+    return {name: int(counters[section][key]) for name, (section, key) in COMPILE_COUNTERS.items()}
+
+
 def make_callback(path: Path, reward_names: list[str], completions_per_step: int, *,
                   mask_truncated: bool = False) -> Any:
     """A transformers TrainerCallback writing `path` (built here so transformers is imported lazily).
@@ -71,6 +96,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
             self.timed: set[str] = set()  # the trainer methods time_phases wrapped
             self.spent: dict[str, float] = {}  # seconds in each of them during this step
             self.calls: dict[str, int] = {}
+            self.last_graphs = 0  # compile_counts()["compiled_graphs"] at the last row
 
         def time_phases(self, trainer: Any) -> list[str]:
             """Time the trainer's rollout (TRL's ``_generate``: the generation engine, whichever it is) and its
@@ -150,6 +176,7 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                                                            * getattr(args, "world_size", 1) / self.step_time, 2)
                 row.update(self.phases())
             self.last_tokens = logs.get("num_tokens")
+            row.update(compile_counts())
             with path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             parts = [f"step {state.global_step}/{state.max_steps}", f"reward {row['reward']:.3f}"]
@@ -160,6 +187,10 @@ def make_callback(path: Path, reward_names: list[str], completions_per_step: int
                 split = ", ".join(f"{k.removesuffix('_s')} {row[k]:.2f}s" for k in ("generate_s", "score_s", "train_s")
                                   if k in row)
                 parts.append(f"{row['step_time_s']:.2f}s/step" + (f" ({split})" if split else ""))
+            compiled = row.get("compiled_graphs", self.last_graphs) - self.last_graphs
+            self.last_graphs = row.get("compiled_graphs", self.last_graphs)
+            if compiled > 0:
+                parts.append(f"torch.compile built {compiled} graph(s) this step")
             if masked_out(row):
                 parts.append(f"every completion reached max_completion_length ({args.max_completion_length}) and "
                              "grpo.mask_truncated_completions dropped it from the loss: nothing learned this step")
