@@ -1,0 +1,55 @@
+"""bench/transport/plan_calls.py: every part travels once, no call is over the budget, small files share calls with
+big parts, the extra paths go first, only the last export's manifest and spec travel, and a part that can never
+fit is refused with what to do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _export(folder: Path, parts: dict[str, int], last: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    for name, n in parts.items():
+        (folder / name).write_bytes(b"x" * n)
+    (folder / "parts.json").write_text(json.dumps({"parts": list(parts)}))
+    (folder / "rootfs-manifest.json.gz").write_bytes(b"m" * 30)
+    (folder / "rootfs-spec.json").write_text("{}")
+    return folder
+
+
+def test_parts_are_packed_first_fit_under_the_budget_extras_first(
+        load_bench: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    plan_calls = load_bench("transport/plan_calls")
+    a = _export(tmp_path / "a", {"part-000": 90, "part-001": 60, "part-002": 15})
+    b = _export(tmp_path / "b", {"part-000": 35})
+    extra = tmp_path / "models"
+    extra.mkdir()
+    (extra / "half").write_bytes(b"w" * 70)
+    calls = plan_calls.plan([a, b], [extra], budget=100)
+    carried = [Path(p) for c in calls for p in c["carry"]]
+    assert calls[0]["carry"][0] == str(extra) and str(extra) in calls[0]["stash"]
+    assert all(sum(plan_calls.size(Path(p)) for p in c["carry"]) <= 100 for c in calls)
+    assert sorted(carried) == sorted({*carried})  # each once
+    parts = {p for p in carried if p.name.startswith("part-")}
+    assert parts == {a / "part-000", a / "part-001", a / "part-002", b / "part-000"}
+    assert (b / "rootfs-manifest.json.gz") in carried and (a / "rootfs-manifest.json.gz") not in carried
+    assert {a / "parts.json", b / "parts.json"} <= set(carried)
+    # 70 + 90 + 60 + 15 + 35 + small files: first-fit fills the extra's call and the 60-part's instead of opening more
+    assert len(calls) == 4
+    for c in calls:  # every export a call carries something of is stashed in that call
+        held = {str(Path(p).parent) for p in c["carry"] if Path(p).parent in (a, b)}
+        assert held <= set(c["stash"])
+
+
+def test_a_part_over_the_budget_is_refused(load_bench: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    plan_calls = load_bench("transport/plan_calls")
+    a = _export(tmp_path / "a", {"part-000": 120})
+    with pytest.raises(SystemExit, match="export again with smaller parts"):
+        plan_calls.plan([a], [], budget=100)
+    with pytest.raises(SystemExit, match="no parts.json"):
+        plan_calls.plan([tmp_path], [], budget=100)
