@@ -76,11 +76,6 @@ def accept_command(stack: Stack) -> str:
     return f"invoke probe --stack {stack.name} --discovered-only --accept-baseline"
 
 
-def key_of(a: str, b: str, kind: str, key: str) -> str:
-    """The stable key of a suppressed finding: the same text as its probe id after `discovered:`."""
-    return f"{a}->{b}:{kind}:{key}"
-
-
 def imports_instead(fallback: tuple[str, int, str] | None) -> bool:
     """A catching handler that imports the missing name from elsewhere (not a shim, a stub or None): the walk
     checks that import as the live path, so taking it is checked, not switched off."""
@@ -94,7 +89,7 @@ def excused(found: Discovered) -> dict[str, Excused]:
     for f in found.findings:
         if f.rule is None or (f.rule == "caught" and imports_instead(f.fallback)):
             continue
-        k = key_of(f.a, f.b, f.kind, f.key)
+        k = f.id
         if k in out:
             if f.rule not in out[k].rules:
                 out[k].rules.append(f.rule)

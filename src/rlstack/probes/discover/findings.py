@@ -99,6 +99,12 @@ class Finding:
     # under 'caught': what the catching handler binds the missing name to instead (sites.Fallback), if it does
     fallback: tuple[str, int, str] | None = None
 
+    @property
+    def id(self) -> str:
+        """`A->B:kind:key`: its probe id after `discovered:`, and its key in a stack's probe baseline (no line
+        numbers: stable across releases of A)."""
+        return f"{self.a}->{self.b}:{self.kind}:{self.key}"
+
 
 @dataclass(frozen=True, slots=True)
 class Ref:

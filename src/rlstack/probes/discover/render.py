@@ -18,7 +18,7 @@ def render(found: Discovered, errors: dict[str, str], side: Path | None = None) 
     for f in found.findings:
         if f.rule is not None:
             continue
-        pid = f"discovered:{f.a}->{f.b}:{f.kind}:{f.key}"
+        pid = f"discovered:{f.id}"
         if pid in by_id:  # the same break reached from another site: one finding, every site as evidence
             if len(by_id[pid].evidence) < 12 and f.evidence[0] not in by_id[pid].evidence:
                 by_id[pid].evidence.append(f.evidence[0])
