@@ -62,6 +62,8 @@ def test_unsloths_config_gets_the_recipes_multiplier_before_the_trainer_and_the_
     assert config.unsloth_logit_chunk_multiplier == 1
     said = capsys.readouterr().err
     assert "rlstack train: unsloth_logit_chunk_multiplier = 1 (grpo.unsloth_logit_chunk_multiplier)" in said
+    del config.unsloth_logit_chunk_multiplier  # what unsloth_zoo 2026.6.1's loss does at each accumulation boundary
+    assert config.unsloth_logit_chunk_multiplier == 1
     config = _trainer_config(["grpo.unsloth_logit_chunk_multiplier=8"], loader, tmp_path)
     assert (
         config.unsloth_logit_chunk_multiplier == 8 and "unsloth_logit_chunk_multiplier = 8" in capsys.readouterr().err

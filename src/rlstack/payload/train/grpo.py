@@ -203,6 +203,10 @@ def set_logit_chunking(config: Any, recipe: Recipe, loader: str) -> str | None:
         return (f"grpo.{CHUNK_FIELD} = {value!r} could not be set: this Unsloth's GRPOConfig has no {CHUNK_FIELD} "
                 "field, so its loss chunks logits its own way (and may compile again when the batch width changes)")
     setattr(config, CHUNK_FIELD, wanted)
+    # and as the config class's default: unsloth_zoo 2026.6.1's grpo_accumulated_loss deletes the instance attribute
+    # at each accumulation boundary (`del trainer.args.unsloth_logit_chunk_multiplier`, rl_replacements.py:827)
+    # and sizes the next step from what the lookup then finds, the class's default (None: 4 pieces a row)
+    setattr(type(config), CHUNK_FIELD, wanted)
     if wanted is None:
         return (f"{CHUNK_FIELD} = None (grpo.{CHUNK_FIELD} = 'auto': Unsloth's own choice, which can compile the "
                 "GRPO loss again when the padded width changes)")
