@@ -324,3 +324,15 @@ def test_image_env_model_is_what_the_dockerfile_sets(name: str) -> None:
     want = stack.image_env()
     assert {k: env.get(k) for k in want} == want
     assert "CUDA_PATH" not in env  # FlashInfer reads it when CUDA_HOME is empty
+
+
+def test_every_apt_install_over_a_cached_lists_folder_updates_first() -> None:
+    """apt's package lists live in a BuildKit cache mount, not in any layer: a RUN that installs must fetch them
+    itself, or a pruned cache under a cached earlier layer leaves `apt-get install` with no lists at all."""
+    text = (ROOT / "images" / "Dockerfile").read_text()
+    runs = re.findall(r"^RUN (.*?)(?<!\\)\n(?=\S|\n|$)", text, re.M | re.S)
+    installs = [r for r in runs if "apt-get install" in r]
+    assert installs, "the Dockerfile installs nothing with apt: this test no longer pins anything"
+    for run in installs:
+        assert "target=/var/lib/apt/lists" in run
+        assert run.index("apt-get update") < run.index("apt-get install"), run
