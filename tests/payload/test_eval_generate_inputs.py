@@ -98,13 +98,11 @@ def test_generate_inputs_without_inspectable_forward() -> None:
     assert gsm8k.generate_inputs(object(), ENC) == {"input_ids": 1, "attention_mask": 2}
 
 
-def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Greedy eval never samples, so the FlashInfer sampler's JIT compile (~100 s per cold start on an H200) is
-    off when the engine starts; a user's own VLLM_USE_FLASHINFER_SAMPLER wins. vllm is a stand-in here."""
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, seen: dict[str, Any], refuse: str | None = None) -> None:
+    """A stand-in `vllm` whose LLM records its keyword arguments and the sampler variable in `seen`, and raises
+    ValueError(refuse) at start when `refuse` is given, as vLLM does when the GPU has too little free memory."""
     import sys
     import types
-
-    seen: dict[str, Any] = {}
 
     class Out:
         text, token_ids = "#### 1", [1]
@@ -115,6 +113,8 @@ def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyP
 
             seen["sampler"] = os.environ.get("VLLM_USE_FLASHINFER_SAMPLER")
             seen["kw"] = kw
+            if refuse:
+                raise ValueError(refuse)
 
         def get_tokenizer(self) -> Any:
             return types.SimpleNamespace(chat_template=None)
@@ -131,12 +131,42 @@ def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
     monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     monkeypatch.setattr(gsm8k.prompt, "render", lambda tok, q, kw: q)
+
+
+def test_vllm_eval_starts_without_flashinfer_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy eval never samples, so the FlashInfer sampler's JIT compile (~100 s per cold start on an H200) is
+    off when the engine starts; a user's own VLLM_USE_FLASHINFER_SAMPLER wins. vllm is a stand-in here."""
+    seen: dict[str, Any] = {}
+    _fake_vllm(monkeypatch, seen)
     monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
     texts, _, _, engine = gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q1", "q2"])
     assert seen["sampler"] == "0" and texts == ["#### 1", "#### 1"] and engine == "vllm"
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
     gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
     assert seen["sampler"] == "1"
+
+
+def test_vllm_eval_takes_the_recipes_share_of_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval.vllm_gpu_memory_utilization reaches the engine (unset: vLLM's own default, nothing passed), and an
+    engine that finds too little free memory ends in an error that names the option."""
+    from rlstack.payload import recipes
+
+    seen: dict[str, Any] = {}
+    _fake_vllm(monkeypatch, seen)
+    gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
+    assert "gpu_memory_utilization" not in seen["kw"]
+    share = recipes.load("smollm2-gpu").eval.vllm_gpu_memory_utilization
+    assert share is not None and share < 0.5
+    gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm", vllm_gpu_memory_utilization=share), ["q"])
+    assert seen["kw"]["gpu_memory_utilization"] == share
+    _fake_vllm(monkeypatch, seen, refuse="Free memory on device (9.1/79.1 GiB) on startup is less than desired GPU "
+               "memory utilization (0.9, 71.2 GiB).")
+    with pytest.raises(gsm8k.EvalError, match="share of the GPU") as exc:
+        gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
+    assert "eval.vllm_gpu_memory_utilization" in exc.value.hint
+    _fake_vllm(monkeypatch, seen, refuse="some other engine problem")
+    with pytest.raises(ValueError, match="other engine problem"):
+        gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm"), ["q"])
 
 
 QUESTIONS = ["What is 2 + 3?", "What is 10 - 4?", "Tom has 3 apples and buys 4 more. How many now?"]

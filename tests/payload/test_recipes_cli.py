@@ -51,6 +51,9 @@ def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch:
     assert cfg.data == recipe["eval"]["data"] and cfg.max_new_tokens == recipe["eval"]["max_new_tokens"]
     plain = commands.eval_config(model="m")
     assert (plain.n, plain.data, plain.split, plain.backend) == (300, "gsm8k", "test", "hf")
+    assert plain.vllm_gpu_memory_utilization is None
+    gpu = commands.eval_config(recipe="smollm2-gpu")
+    assert gpu.vllm_gpu_memory_utilization == recipes.load("smollm2-gpu").eval.vllm_gpu_memory_utilization
 
 
 def test_eval_unquantized_overrides_the_adapter_recipe_quantization(tmp_path: Path,

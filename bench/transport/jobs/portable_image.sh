@@ -1,8 +1,9 @@
 # The portable stack from its image on one GPU (bench/transport/image_run.sh bg portable THIS), beside the fp8 job:
 # learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2)
 # and, at the same time, the same recipe with Unsloth's own generation and the runtime probes (the GPU is shared, so
-# step times compare within this job, not with a run alone); then the hand-off of the fastgen adapter, evaluated on
-# the bf16 base in portable with transformers and in the fp8 image with vLLM, paired. STEPS=learn: no probes.
+# step times compare within this job, not with a run alone); once the fastgen run ends, the hand-off of its adapter,
+# evaluated on the bf16 base in portable with transformers and in the fp8 image with vLLM, paired, while the slower
+# own-generation run goes on. STEPS=learn: no probes; LEARN_STEPS=N: N GRPO steps instead of the recipe's.
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
@@ -10,7 +11,7 @@ RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
 keep() { cp "$RUNS"/learning-out/*.json "$RUNS"/learning-out/*.png "$O/" 2>/dev/null; }
 learn() {  # ENGINE; each its own kernel cache (Unsloth writes its generated trainer code there on the first run)
-  $RUN "${MODELS[@]}" --env "RLSTACK_KERNEL_CACHE=/opt/rlstack/runs/kernel-cache-$1" --entrypoint python3 -- bench/learning.py --stack-name portable --engine "$1" \
+  $RUN "${MODELS[@]}" --env "RLSTACK_KERNEL_CACHE=/opt/rlstack/runs/kernel-cache-$1" --entrypoint python3 -- bench/learning.py --stack-name portable --engine "$1" ${LEARN_STEPS:+--steps "$LEARN_STEPS"} \
     --work "/opt/rlstack/runs/learning-portable-$1" --out /opt/rlstack/runs/learning-out > "$O/learning-portable-$1.log" 2>&1
   step "learning-portable-$1 rc $?"; keep
 }
@@ -23,9 +24,8 @@ probe() {  # beside the learning runs: the probes check what runs, not how fast 
 learn own & sleep 20
 if [ "${STEPS:-all}" = all ]; then probe & sleep 20; fi
 learn fastgen
-wait
 TUNED=$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned 2>/dev/null | tail -1)
-if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; exit 0; fi
+if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; wait; exit 0; fi
 ADAPTER=/opt/rlstack/runs/$TUNED
 $RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name portable --adapter-from "$ADAPTER" \
   --backend hf --unquantized --work /opt/rlstack/runs/handoff --out /opt/rlstack/runs/learning-out \
@@ -36,4 +36,5 @@ run_in fp8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name
   --backend vllm --unquantized --pair-with "/opt/rlstack/runs/learning-out/$HF" --work /opt/rlstack/runs/handoff \
   --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
 step "handoff-fp8 rc $?"; keep
+wait
 step end-portable

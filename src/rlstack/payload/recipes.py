@@ -205,6 +205,10 @@ class EvalSpec(_Strict):
     batch_size: int = Field(default=16, gt=0)
     max_new_tokens: int = Field(default=512, gt=0)
     backend: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="vllm backend: the share of the GPU the evaluation's vLLM engine takes (it refuses to start "
+        "when less is free); unset: vLLM's own default. Lower it where other processes share the GPU")
 
 
 class PromptSpec(_Strict):

@@ -42,6 +42,7 @@ class EvalConfig:
     max_new_tokens: int = 512
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
+    vllm_gpu_memory_utilization: float | None = None  # vllm backend: the engine's share of the GPU; None: vLLM's own
     fastgen: bool = False  # hf backend: greedy decoding through rlstack's fastgen instead of transformers' generate
     # with fastgen: transformers' own kernels in a CUDA graph (FastGenerator reference_kernels): generate's tokens
     reference_kernels: bool = False
@@ -245,8 +246,17 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
     t0 = time.perf_counter()
     rank = int((manifest.recipe.get("lora") or {}).get("r", 64)) if manifest else 64
     extra: dict[str, Any] = {"quantization": "fp8"} if cfg.load_in_fp8 else {}
-    llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed,
-              **extra)
+    if cfg.vllm_gpu_memory_utilization is not None:
+        extra["gpu_memory_utilization"] = cfg.vllm_gpu_memory_utilization
+    try:
+        llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed,
+                  **extra)
+    except ValueError as exc:
+        if "memory utilization" not in str(exc):
+            raise
+        raise EvalError(f"vLLM could not take its share of the GPU: {str(exc)[:400]}",
+                        "other processes hold GPU memory: set eval.vllm_gpu_memory_utilization in the recipe to a "
+                        "share that is free (nvidia-smi shows what is used), or wait for them") from exc
     load_s = time.perf_counter() - t0
     tokenizer = llm.get_tokenizer()
     prompts = [prompt.render(tokenizer, q, cfg.chat_template_kwargs) for q in questions]
