@@ -368,7 +368,9 @@ def test_the_environment_names_the_image_tag(learning: ModuleType, monkeypatch: 
 def test_gpu_recipe_is_the_issue_shape_and_evaluates_held_out() -> None:
     r = recipes.load("smollm2-gpu")
     assert (r.lora.r, r.lora.target_modules, r.lora.top_layers) == (16, recipes.ALL_LINEAR, None)
-    assert (r.grpo.num_generations, r.grpo.per_device_train_batch_size, r.grpo.max_completion_length) == (8, 64, 128)
+    completions = r.grpo.per_device_train_batch_size * r.grpo.gradient_accumulation_steps
+    assert (r.grpo.num_generations, completions, r.grpo.max_completion_length) == (8, 64, 128)
+    assert r.grpo.per_device_train_batch_size <= 16  # the rows of Unsloth's unrolled log-softmax graph
     assert (r.grpo.temperature, r.grpo.learning_rate, r.grpo.max_steps) == (0.7, 2e-4, 80)
     assert r.eval.n >= 256 and r.eval.max_new_tokens >= 128 and r.eval.split == "test" and r.data.split == "train"
     assert r.data.train.partition(":")[0] == r.eval.data.partition(":")[0] == "generated-easy"
