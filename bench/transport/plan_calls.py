@@ -1,7 +1,7 @@
 """The device calls that carry images' exports to a GPU host, packed first-fit under the carry limit (standard
 library only: it runs here, beside `invoke rootfs-export`).
 
-Why: a call carries at most 64 MiB with the working tree, and each call costs GPU-host seconds whatever it
+Why: a call carries at most 64 MiB with the working tree and 8 paths, and each call costs GPU-host seconds whatever it
 carries. One part a call leaves a small part, a manifest, the spec and the parts.json files each in a call of its
 own; packed first-fit by size they share calls with the big parts. EXTRA paths (the embedded model's halves, the
 libraries that convert it) travel first, in the order given, so that work on the host can start while parts travel.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 LIMIT = 64 * 2**20  # the device tool's carry limit, working tree included
+MAX_PATHS = 8  # and the paths one call may carry
 SMALL = ("parts.json",)
 LAST = ("rootfs-manifest.json.gz", "rootfs-spec.json")
 
@@ -45,7 +46,8 @@ def items(exports: list[Path]) -> list[tuple[Path, Path]]:
 
 def plan(exports: list[Path], extra: list[Path], budget: int) -> list[dict[str, Any]]:
     """Calls: first the EXTRA paths (each starts a call, in order, and a folder among them is stashed too; parts
-    may join it), then the parts first-fit by decreasing size; a file over the budget is refused (it never travels)."""
+    may join it), then the parts first-fit by decreasing size, at most MAX_PATHS paths a call; a file over the budget
+    is refused (it never travels)."""
     bins: list[tuple[int, list[tuple[Path, Path | None]]]] = [(size(p), [(p, p if p.is_dir() else None)])
                                                               for p in extra]
     for path, folder in sorted(items(exports), key=lambda pf: -size(pf[0])):
@@ -54,7 +56,7 @@ def plan(exports: list[Path], extra: list[Path], budget: int) -> list[dict[str, 
             raise SystemExit(f"plan_calls: {path} is {s / 1e6:.1f} MB, over the {budget / 1e6:.1f} MB a call carries "
                              "besides the working tree: export again with smaller parts")
         for i, (used, held) in enumerate(bins):
-            if used + s <= budget:
+            if used + s <= budget and len(held) < MAX_PATHS:
                 bins[i] = (used + s, [*held, (path, folder)])
                 break
         else:

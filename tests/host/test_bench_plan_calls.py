@@ -53,3 +53,12 @@ def test_a_part_over_the_budget_is_refused(load_bench: Callable[[str], ModuleTyp
         plan_calls.plan([a], [], budget=100)
     with pytest.raises(SystemExit, match="no parts.json"):
         plan_calls.plan([tmp_path], [], budget=100)
+
+
+def test_a_call_carries_at_most_the_tools_path_count(load_bench: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    """Many small files (one parts.json an export) fit one call's bytes, not its path count: they spill over."""
+    plan_calls = load_bench("transport/plan_calls")
+    exports = [_export(tmp_path / f"e{i}", {"part-000": 1}) for i in range(6)]
+    calls = plan_calls.plan(exports, [], budget=10_000)
+    assert all(len(c["carry"]) <= plan_calls.MAX_PATHS for c in calls)
+    assert sum(len(c["carry"]) for c in calls) == 6 * 2 + 2 and len(calls) == 2
