@@ -158,7 +158,9 @@ def test_vllm_eval_takes_the_recipes_share_of_the_gpu(monkeypatch: pytest.Monkey
     share = recipes.load("smollm2-gpu").eval.vllm_gpu_memory_utilization
     assert share is not None and share < 0.5
     gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm", vllm_gpu_memory_utilization=share), ["q"])
-    assert seen["kw"]["gpu_memory_utilization"] == share
+    assert seen["kw"]["gpu_memory_utilization"] == share and "enforce_eager" not in seen["kw"]
+    gsm8k._generate_vllm("m", None, None, gsm8k.EvalConfig(backend="vllm", vllm_enforce_eager=True), ["q"])
+    assert seen["kw"]["enforce_eager"] is True
     _fake_vllm(monkeypatch, seen, refuse="Free memory on device (9.1/79.1 GiB) on startup is less than desired GPU "
                "memory utilization (0.9, 71.2 GiB).")
     with pytest.raises(gsm8k.EvalError, match="share of the GPU") as exc:

@@ -54,6 +54,8 @@ def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch:
     assert plain.vllm_gpu_memory_utilization is None
     gpu = commands.eval_config(recipe="smollm2-gpu")
     assert gpu.vllm_gpu_memory_utilization == recipes.load("smollm2-gpu").eval.vllm_gpu_memory_utilization
+    assert gpu.vllm_enforce_eager is recipes.load("smollm2-gpu").eval.vllm_enforce_eager is True
+    assert plain.vllm_enforce_eager is False
 
 
 def test_eval_unquantized_overrides_the_adapter_recipe_quantization(tmp_path: Path,

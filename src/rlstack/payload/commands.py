@@ -146,7 +146,8 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
                      load_in_fp8=quantize and bool(model.get("load_in_fp8")),
                      chat_template_kwargs=dict((data.get("prompt") or {}).get("chat_template_kwargs") or {}),
                      tiny=model.get("tiny"), adapter=adapter)
-    for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend", "vllm_gpu_memory_utilization"):
+    for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend", "vllm_gpu_memory_utilization",
+                "vllm_enforce_eager"):
         if key in section:
             setattr(cfg, key, section[key])
     for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output",

@@ -209,6 +209,10 @@ class EvalSpec(_Strict):
         default=None, gt=0, lt=1,
         description="vllm backend: the share of the GPU the evaluation's vLLM engine takes (it refuses to start "
         "when less is free); unset: vLLM's own default. Lower it where other processes share the GPU")
+    vllm_enforce_eager: bool = Field(
+        default=False,
+        description="vllm backend: no torch.compile and no CUDA-graph capture at engine start, which cost most of a "
+        "short evaluation's start-up; decoding is then slower per token")
 
 
 class PromptSpec(_Strict):

@@ -43,6 +43,7 @@ class EvalConfig:
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
     vllm_gpu_memory_utilization: float | None = None  # vllm backend: the engine's share of the GPU; None: vLLM's own
+    vllm_enforce_eager: bool = False  # vllm backend: no compile, no CUDA graphs (recipes.EvalSpec says why)
     fastgen: bool = False  # hf backend: greedy decoding through rlstack's fastgen instead of transformers' generate
     # with fastgen: transformers' own kernels in a CUDA graph (FastGenerator reference_kernels): generate's tokens
     reference_kernels: bool = False
@@ -248,6 +249,8 @@ def _generate_vllm(target: str, adapter_dir: Path | None, manifest: adapters.Man
     extra: dict[str, Any] = {"quantization": "fp8"} if cfg.load_in_fp8 else {}
     if cfg.vllm_gpu_memory_utilization is not None:
         extra["gpu_memory_utilization"] = cfg.vllm_gpu_memory_utilization
+    if cfg.vllm_enforce_eager:
+        extra["enforce_eager"] = True
     try:
         llm = LLM(model=target, enable_lora=adapter_dir is not None, max_lora_rank=max(rank, 8), seed=cfg.seed,
                   **extra)
@@ -308,6 +311,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
                    "data": cfg.data, "split": cfg.split, "n_requested": cfg.n, "seed": cfg.seed,
                    "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "greedy": True,
                    "load_in_4bit": cfg.load_in_4bit, "load_in_fp8": cfg.load_in_fp8,
+                   **({"vllm_enforce_eager": True} if cfg.backend == "vllm" and cfg.vllm_enforce_eager else {}),
                    "chat_template_kwargs": cfg.chat_template_kwargs, "prompt_version": prompt.PROMPT_VERSION},
         "stack": os.environ.get("RLSTACK_STACK", "native"),
         "lock_hash": adapters.resolve_lock_hash(),
