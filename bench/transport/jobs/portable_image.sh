@@ -21,8 +21,9 @@ probe() {  # beside the learning runs: the probes check what runs, not how fast 
     > "$O/probe-portable.log" 2>&1
   step "probe-portable rc $?"; cp "$RUNS/probe-portable-image.json" "$O/" 2>/dev/null
 }
-learn own & sleep 20
-if [ "${STEPS:-all}" = all ]; then probe & sleep 20; fi
+STAGGER=${STAGGER:-20}  # seconds between the starts: each process loads and compiles before the next one does
+learn own & sleep "$STAGGER"
+if [ "${STEPS:-all}" = all ]; then probe & sleep "$STAGGER"; fi
 learn fastgen
 TUNED=$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned 2>/dev/null | tail -1)
 if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; wait; exit 0; fi

@@ -1,0 +1,72 @@
+"""The GPU jobs that run from the images' trees (bench/transport/jobs), run here with a stand-in for the image run:
+which commands they start, in what order, with which options (LEARN_STEPS, STEPS=learn), and the hand-off's
+dependence on an adapter. The stand-in logs each call and writes the files the next step looks for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = ROOT / "bench" / "transport" / "jobs"
+
+# $RUN and run_in: log the call, take a second for the own-generation run, leave an adapter after the fastgen run
+# (unless NO_ADAPTER) and an hf evaluation after the hand-off's first half
+FAKE = r"""#!/usr/bin/env bash
+echo "$*" >> "$O/calls"
+RUNS=$STASH/vol/rlstack-runs
+case "$*" in
+  *"--engine own"*) sleep 1 ;;
+  *"--engine fastgen"*) [ -n "${NO_ADAPTER:-}" ] || { mkdir -p "$RUNS/learning-portable-fastgen/r/adapters/tuned" \
+      && echo '{}' > "$RUNS/learning-portable-fastgen/r/adapters/tuned/manifest.json"; } ;;
+  *"--backend hf"*) mkdir -p "$RUNS/learning-out/learning-portable-handoff-hf-1/eval" \
+      && echo '{}' > "$RUNS/learning-out/learning-portable-handoff-hf-1/eval/results.json" ;;
+esac
+"""
+
+
+def run_job(tmp_path: Path, job: str, **env: str) -> tuple[list[str], list[str]]:
+    """(the stand-in's calls, the job's timeline steps) of bench/transport/jobs/<job>.sh."""
+    bin_dir, out, stash = tmp_path / "bin", tmp_path / "out", tmp_path / "stash"
+    for d in (bin_dir, out, stash / "vol" / "rlstack-runs"):
+        d.mkdir(parents=True, exist_ok=True)
+    for name in ("fake_run", "run_in"):
+        (bin_dir / name).write_text(FAKE)
+        (bin_dir / name).chmod(0o755)
+    environ = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN": "fake_run", "O": str(out),
+               "STASH": str(stash), "STAGGER": "0", **env}
+    proc = subprocess.run(["bash", str(JOBS / f"{job}.sh")], env=environ, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    calls = (out / "calls").read_text().splitlines() if (out / "calls").exists() else []
+    steps = [line.split(" ", 1)[1] for line in (out / "timeline").read_text().splitlines()]
+    return calls, steps
+
+
+@pytest.mark.parametrize("job", ["fp8_image", "portable_image"])
+def test_learn_steps_reach_every_learning_run_and_steps_learn_leaves_the_probes_out(tmp_path: Path, job: str) -> None:
+    calls, _ = run_job(tmp_path, job, LEARN_STEPS="7", STEPS="learn")
+    training = [c for c in calls if "bench/learning.py" in c and "--adapter-from" not in c]
+    assert training and all("--steps 7" in c for c in training)
+    assert not any(" probe " in f" {c} " for c in calls)
+    calls, _ = run_job(tmp_path / "again", job)
+    assert not any("--steps" in c for c in calls)  # the recipe's steps
+    assert any(" probe " in f" {c} " for c in calls)
+
+
+def test_the_hand_off_starts_when_the_fastgen_run_ends_not_the_own_run(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn")
+    assert steps.index("handoff-fp8 rc 0") < steps.index("learning-portable-own rc 0") < steps.index("end-portable")
+    hf, vllm = (next(c for c in calls if f"--backend {b}" in c) for b in ("hf", "vllm"))
+    assert "--adapter-from /opt/rlstack/runs/learning-portable-fastgen/r/adapters/tuned" in hf
+    assert "--pair-with /opt/rlstack/runs/learning-out/learning-portable-handoff-hf-1/eval/results.json" in vllm
+
+
+def test_no_adapter_skips_the_hand_off_and_still_waits_for_the_own_run(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", NO_ADAPTER="1")
+    assert "handoff skipped: the fastgen run left no adapter" in steps
+    assert "learning-portable-own rc 0" in steps  # waited: the own run's step is logged before the job ends
+    assert not any("--adapter-from" in c for c in calls)
