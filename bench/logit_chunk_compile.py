@@ -67,6 +67,12 @@ def parse_config(text: str) -> tuple[str, int, int]:
     return release, int(rows), int(multiplier)
 
 
+def config_row(config: str) -> dict[str, Any]:
+    """The columns that name a configuration, the start of its row whatever became of it."""
+    release, rows, multiplier = parse_config(config)
+    return {"release": release, "rows": rows, "multiplier": multiplier, "pieces": rows * multiplier}
+
+
 def one(config: str, hidden_size: int, vocab: int, widths: list[int]) -> dict[str, Any]:
     """Compile and run one configuration over the widths (forward and backward); the seconds of each call."""
     import torch
@@ -86,14 +92,12 @@ def one(config: str, hidden_size: int, vocab: int, widths: list[int]) -> dict[st
         compiled(hidden, lm_head, index, chunks=rows * multiplier).sum().backward()
         common.sync()
         seconds.append(round(time.perf_counter() - t0, 2))
-    return {"release": release, "rows": rows, "multiplier": multiplier, "pieces": rows * multiplier,
-            "first_call_s": seconds[0], "later_calls_s": seconds[1:],
+    return {**config_row(config), "first_call_s": seconds[0], "later_calls_s": seconds[1:],
             "graphs": int(dynamo_utils.counters["stats"]["unique_graphs"]), "status": "ok"}
 
 
 def run_isolated(config: str, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration in a child process with empty caches; a timeout is a row too (the stall is the answer)."""
-    release, rows, multiplier = parse_config(config)
     with tempfile.TemporaryDirectory(prefix="chunk-compile-") as tmp:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton"}
         argv = [sys.executable, __file__, "--one", config, "--hidden", str(args.hidden), "--vocab", str(args.vocab),
@@ -102,14 +106,13 @@ def run_isolated(config: str, args: argparse.Namespace) -> dict[str, Any]:
         try:
             proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            return {"release": release, "rows": rows, "multiplier": multiplier, "pieces": rows * multiplier,
-                    "status": f"not done in {args.timeout} s"}
+            return {**config_row(config), "status": f"not done in {args.timeout} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         said = (proc.stderr or proc.stdout).strip().splitlines()
         tail = [line for line in said if "Error" in line][-1:] or said[-1:] or ["no output"]
-        return {"release": release, "rows": rows, "multiplier": multiplier, "pieces": rows * multiplier,
-                "status": f"rc {proc.returncode} after {time.perf_counter() - t0:.0f} s: {tail[0][:200]}"}
+        wall = time.perf_counter() - t0
+        return {**config_row(config), "status": f"rc {proc.returncode} after {wall:.0f} s: {tail[0][:200]}"}
     return dict(json.loads(lines[-1]))
 
 
