@@ -141,10 +141,30 @@ def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: P
                                    "train": {"loader": "unsloth", "log_tail": [
                                        "torch._inductor.exc.InductorError: ModuleNotFoundError: No module named "
                                        "'setuptools'"]}})
-    rows = {str(r[-1]): r for r in docs_learning.learning_rows(tmp_path)}
+    (tmp_path / "learning-done.png").write_bytes(b"png")
+    table = docs_learning.learning_rows(tmp_path)
+    assert [str(r[-1]) for r in table][:2] == ["[learning-done.json](bench/results/learning-done.json)",
+                                               "[learning-failed.json](bench/results/learning-failed.json)"]
+    rows = {str(r[-1]): r for r in table}
     done = rows["[learning-done.json](bench/results/learning-done.json)"]
-    assert done[:5] == ["portable", "unsloth, fastgen", 80, 0.5, "31/256 -> 200/256"] and done[6] == "done"
+    assert done[:7] == ["portable", "unsloth, fastgen", "bf16", 80, 0.5, "31/256 -> 200/256", "1e-09"]
+    assert done[7] == "done" and done[9] == "[png](bench/results/learning-done.png)"
     failed = rows["[learning-failed.json](bench/results/learning-failed.json)"]
-    assert failed[1] == "unsloth, own rollouts" and failed[4] == "31/256 -> -/256"
-    assert failed[6] == "failed in train (rc 1): torch-compile-no-setuptools"
+    assert failed[1] == "unsloth, own rollouts" and failed[5] == "31/256 -> -/256" and failed[9] == "-"
+    assert failed[7] == "failed in train (rc 1): torch-compile-no-setuptools"
+
+
+def test_learning_table_names_the_weights_trained_and_scored() -> None:
+    """Two runs of one path differ by the base's precision: the row says which, and where training and the
+    evaluations part (the fp8 path trains in FP8 and scores the bf16 base)."""
+    from rlstack.host import docs_learning
+
+    def extra(model: dict[str, object], loader: str, scored: dict[str, object]) -> dict[str, object]:
+        return {"recipe": {"model": model}, "train": {"loader": loader}, "base": {"config": scored}}
+
+    four = {"load_in_4bit": True, "load_in_fp8": False}
+    assert docs_learning._weights(extra(four, "unsloth", four)) == "4-bit"
+    assert docs_learning._weights(extra({"load_in_4bit": False}, "unsloth", {"load_in_4bit": False})) == "bf16"
+    assert docs_learning._weights(extra(four, "unsloth-fp8", {"load_in_4bit": False})) == "FP8 train, bf16 eval"
+    assert docs_learning._weights({"recipe": {"model": four}}) == "4-bit"
 

@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout_peers": "rollout engines side by side, tokens/s (subcommands prepare, run --stack S, merge DIR)",
     "rollout_generation": "GRPO rollout tokens/s: TRL's default generate against fastgen",
     "grpo_step": "one GRPO step, its time split into generation, scoring and the loss",
+    "logit_chunk_compile": "cold torch.compile of Unsloth's GRPO log-softmax loop (copies) by rows and pieces",
     "payload_e2e": "rlstack train and rlstack eval end to end, generate against fastgen",
     "gpu_stacks": "per stack: rlstack train, then rlstack eval (subcommands model, train, eval, summarize)",
     "learning": "what training changed: rlstack train, then base and adapter evaluated and compared, paired",

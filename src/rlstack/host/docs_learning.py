@@ -11,7 +11,8 @@ from typing import Any
 from rlstack.core import results
 from rlstack.core.tables import markdown_table
 
-HEADERS = ["stack", "path", "steps", "s/step", "base -> tuned (held out)", "p", "status", "on", "data"]
+HEADERS = ["stack", "path", "weights", "steps", "s/step", "base -> tuned (held out)", "p", "status", "on", "curve",
+           "data"]
 
 
 def _wall(extra: dict[str, Any]) -> str | None:
@@ -31,8 +32,29 @@ def _status(extra: dict[str, Any]) -> str:
     return f"{status}: {wall}" if wall else status
 
 
+def _weights(extra: dict[str, Any], fp8: bool = False) -> str:
+    """The base's precision in training and in the evaluations: what separates two runs of one path (a 135M
+    model's 4-bit base answers far fewer problems than its bf16 one)."""
+    model = (extra.get("recipe") or {}).get("model") or {}
+    loader = str((extra.get("train") or {}).get("loader") or "")
+    if fp8 or "fp8" in loader or model.get("load_in_fp8"):
+        trained = "FP8"
+    else:
+        trained = "4-bit" if model.get("load_in_4bit") else "bf16"
+    config = (extra.get("base") or {}).get("config") or {}
+    if not config:
+        return trained
+    scored = "FP8" if config.get("load_in_fp8") else "4-bit" if config.get("load_in_4bit") else "bf16"
+    return trained if scored == trained else f"{trained} train, {scored} eval"
+
+
+def _p(value: object) -> str:
+    return f"{value:.2g}" if isinstance(value, float) else "-" if value is None else str(value)
+
+
 def learning_rows(folder: Path | None = None) -> list[list[object]]:
-    rows: list[list[object]] = []
+    """Finished runs first, newest first; then the ones that stopped."""
+    rows: list[tuple[bool, str, list[object]]] = []
     for path, r in results.load_all(folder):
         if r.question != "learning" or r.ran.bench != "learning" or "base_correct" not in r.columns:
             continue
@@ -44,15 +66,19 @@ def learning_rows(folder: Path | None = None) -> list[list[object]]:
             tuned = row.get("tuned_correct")
             rollouts = train.get("rollouts") or (f"{r.ran.engine} rollouts" if r.ran.engine else None)
             path_text = row.get("path") or ", ".join(str(x) for x in (train.get("loader"), rollouts) if x)
-            rows.append([
-                row.get("stack", r.ran.stack), path_text or "-", row.get("steps", train.get("steps_done", 0)),
-                row.get("s_per_step") or "-",
+            png = path.with_suffix(".png")
+            rows.append((extra.get("status") == "done", r.date, [
+                row.get("stack", r.ran.stack), path_text or "-", _weights(extra, bool(r.ran.options.get("fp8"))),
+                row.get("steps", train.get("steps_done", 0)), row.get("s_per_step") or "-",
                 f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
-                row.get("p") if row.get("p") is not None else "-", _status(extra),
+                _p(row.get("p")), _status(extra),
                 f"{r.where.gpu or 'CPU'}, {r.where.environment}, lock {(r.ran.lock_hash or '?')[:12]}, {r.date[:10]}",
+                f"[png](bench/results/{png.name})" if png.is_file() else "-",
                 f"[{path.name}](bench/results/{path.name})",
-            ])
-    return rows
+            ]))
+    rows.sort(key=lambda t: t[1], reverse=True)  # ISO dates: newest first ...
+    rows.sort(key=lambda t: not t[0])  # ... and, stably, the finished ones before the rest
+    return [cells for _, _, cells in rows]
 
 
 def learning_section(folder: Path | None = None) -> str:
