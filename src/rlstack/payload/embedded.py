@@ -41,6 +41,9 @@ from rlstack.payload import tokenizer_files
 
 PREFIX = "embedded:"
 STAMP = "rlstack-embedded.json"
+# What `materialize` writes, by version: a cached folder stamped with an older one is converted again (it is a
+# cache: nothing of the user's is in it). 2: config.json also says the RoPE base at the top level.
+CONVERSION = 2
 
 
 class EmbeddedModelError(RlstackError):
@@ -274,7 +277,28 @@ def materialize(gguf: Path, out: Path) -> None:
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     model.save_pretrained(str(out))
+    config = out / "config.json"
+    config.write_text(json.dumps(legacy_rope_keys(json.loads(config.read_text())), indent=2) + "\n")
     tokenizer_files.save(tokenizer, out)
+
+
+def legacy_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the RoPE base (and any scaling) also at the top level, where transformers 4 reads them.
+
+    transformers 5 saves them only inside `rope_parameters`; transformers 4 (the fp8 stack's 4.57, and the vLLM
+    that reads its configs through it) ignores that key and falls back to rope_theta 10000, where SmolLM2's is
+    100000: the same weights then run with another positional encoding, and answer far fewer problems
+    (bench/results/learning-base-hf-vs-vllm-pair-*.json). transformers 5 reads the top-level keys as the same
+    values, so one folder serves both."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return config
+    out = dict(config)
+    if "rope_theta" in rope:
+        out.setdefault("rope_theta", rope["rope_theta"])
+    if rope.get("rope_type", "default") != "default":
+        out.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    return out
 
 
 # --- the cache ------------------------------------------------------------------------------------------------
@@ -283,7 +307,13 @@ def materialize(gguf: Path, out: Path) -> None:
 def _stamp(model: EmbeddedModel, folder: Path) -> dict[str, Any]:
     return {"name": model.name, "package": f"{model.package}=={model.version}", "wheel_sha256": model.wheel_sha256,
             "gguf_sha256": model.gguf_sha256, "license": model.license, "source": model.source,
-            "files": tree_hashes(folder, skip=STAMP)}
+            "conversion": CONVERSION, "files": tree_hashes(folder, skip=STAMP)}
+
+
+def _current(folder: Path) -> bool:
+    """Whether the (checked) cached folder was written by this conversion."""
+    stamp = json.loads((folder / STAMP).read_text())
+    return isinstance(stamp, dict) and stamp.get("conversion") == CONVERSION
 
 
 def check_cached(model: EmbeddedModel, folder: Path) -> None:
@@ -329,7 +359,10 @@ def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: P
     folder = folder_for(model, root)
     if (folder / STAMP).is_file():
         check_cached(model, folder)
-        return folder
+        if _current(folder):
+            return folder
+        print(f"rlstack: {folder} was written by an older conversion; converting it again (conversion "
+              f"{CONVERSION})", file=sys.stderr, flush=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
@@ -341,7 +374,7 @@ def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: P
         if model.pad_to:
             hf = _pad(hf, tmp / "padded", model.pad_to)
         (hf / STAMP).write_text(json.dumps(_stamp(model, hf), indent=2) + "\n")
-        if (folder / STAMP).is_file():  # another process finished first: keep theirs
+        if (folder / STAMP).is_file() and _current(folder):  # another process finished first: keep theirs
             return folder
         swap_in(hf, folder)
     finally:
