@@ -179,6 +179,8 @@ def test_a_run_pairs_base_and_tuned_and_records_the_curve(
                 "2",
                 "--eval-n",
                 "4",
+                "--set",
+                "model.load_in_4bit=true",  # QLoRA: both evaluations score the 4-bit base training ran on
                 "--out",
                 str(tmp_path),
                 "--work",
@@ -198,7 +200,7 @@ def test_a_run_pairs_base_and_tuned_and_records_the_curve(
     got = results.read(path)
     assert "RLSTACK_STACK" not in os.environ  # set for the phases and the lock hash only
     assert got.ran.lock_hash and len(got.ran.lock_hash) == 64 and got.ran.stack == "portable"
-    assert got.ran.command.startswith("python3 bench/learning.py --stack-name portable --steps 2")
+    assert got.ran.command.startswith("python3 bench/learning.py --stack-name portable --steps 2 --eval-n 4 --set")
     assert got.extra["status"] == "done" and [r["step"] for r in got.extra["curve"]] == [1, 2]
     assert got.extra["curve"][1] == {
         "step": 2,
@@ -372,6 +374,7 @@ def test_gpu_recipe_is_the_issue_shape_and_evaluates_held_out() -> None:
     assert (r.grpo.num_generations, completions, r.grpo.max_completion_length) == (8, 64, 128)
     assert r.grpo.per_device_train_batch_size <= 16  # the rows of Unsloth's unrolled log-softmax graph
     assert (r.grpo.temperature, r.grpo.learning_rate, r.grpo.max_steps) == (0.7, 2e-4, 80)
+    assert r.model.load_in_4bit is False  # a 4-bit copy of the 135M base scores too low to learn from quickly
     assert r.eval.n >= 256 and r.eval.max_new_tokens >= 128 and r.eval.split == "test" and r.data.split == "train"
     assert r.data.train.partition(":")[0] == r.eval.data.partition(":")[0] == "generated-easy"
     harder = recipes.load("smollm2-gpu", ["data.train=generated-two-step:4000", "eval.data=generated-two-step:256"])

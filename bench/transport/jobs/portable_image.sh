@@ -1,5 +1,5 @@
 # The portable stack from its image on one GPU (bench/transport/image_run.sh bg portable THIS), beside the fp8 job:
-# learning through the stack's default path (Unsloth loader, 4-bit base, fastgen rollouts, the embedded SmolLM2)
+# learning through the stack's default path (Unsloth loader, fastgen rollouts, the embedded SmolLM2)
 # and, at the same time, the same recipe with Unsloth's own generation and the runtime probes (the GPU is shared, so
 # step times compare within this job, not with a run alone); once the fastgen run ends, the hand-off of its adapter,
 # evaluated on the bf16 base in portable with transformers and in the fp8 image with vLLM, paired, while the slower
