@@ -22,7 +22,7 @@
 # Everything lives under /root/stash (it outlives a call, not the lease). Each job's log, timeline and the
 # files it leaves in $STASH/out come back through $OUT.
 set -euo pipefail
-STASH=/root/stash
+STASH=${RLSTACK_STASH:-/root/stash}  # another folder for tests
 mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | start STACK JOB EXPORT... | wait STACK [SECONDS] | spy PATTERN [LINES] | pack}
 shift
 site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
@@ -71,6 +71,10 @@ print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/w
     echo "started $job for $stack" ;;
   start)
     stack=$1 job=$2; shift 2
+    # refused here, in this call, when a manifest, part or spec did not travel: not in a log read a call later
+    parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done
+    PYTHONPATH=src python3 -m rlstack.scripts.rootfs check --manifest "$STASH/${!#}/rootfs-manifest.json.gz" \
+      --spec "$STASH/${!#}/rootfs-spec.json" "${parts[@]}"
     snap=$STASH/snap-$stack
     rm -rf "$snap" && mkdir -p "$snap" && cp -a src bench recipes "$snap/"
     (cd "$snap" && setsid nohup bash -c "bash bench/transport/image_run.sh assemble $stack $* \

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from rlstack import stacks
 from rlstack.host import containers, rootfs
 
@@ -37,3 +46,51 @@ def test_the_run_spec_is_invoke_trains() -> None:
                                                       containers.RUNS_MOUNT, containers.KERNEL_CACHE_MOUNT}
     assert spec["gpus"] is True and spec["user"] == "1000:1000" and spec["entrypoint"] == ["rlstack"]
     assert spec["env"]["CUDA_HOME"] == "/opt/cuda" and containers.PATH_MAP_ENV in spec["env"]
+
+
+def _export(folder: Path, manifest: bool = True) -> Path:
+    """An export folder as rootfs-export writes it: xz parts named in parts.json, the manifest and the spec."""
+    folder.mkdir(parents=True)
+    part = folder / "part-000"
+    part.write_bytes(b"not really xz")
+    (folder / "parts.json").write_text(json.dumps({"format": "xz", "tar_sha256": "0" * 64, "parts": [
+        {"name": "part-000", "sha256": hashlib.sha256(part.read_bytes()).hexdigest(), "size": part.stat().st_size}]}))
+    if manifest:
+        with gzip.open(folder / "rootfs-manifest.json.gz", "wt") as f:
+            json.dump({"format": 1, "image": "rlstack/fp8:abc", "entries": []}, f)
+    (folder / "rootfs-spec.json").write_text("{}")
+    return folder
+
+
+def test_check_finds_what_did_not_travel_before_anything_starts(tmp_path: Path) -> None:
+    """The manifest, each part (by sha256) and the spec: each one missing or damaged is named, with what to carry."""
+    from rlstack.scripts import rootfs as runner
+
+    exp = _export(tmp_path / "fp8-a")
+    manifest, spec = exp / runner.MANIFEST, exp / "rootfs-spec.json"
+    assert runner.check(manifest, [exp], spec) == {"image": "rlstack/fp8:abc", "exports": 1, "parts": 1}
+    (exp / "part-000").write_bytes(b"changed")
+    with pytest.raises(runner.NativeError, match="part-000 damaged"):
+        runner.check(manifest, [exp], spec)
+    (exp / "part-000").unlink()
+    with pytest.raises(runner.NativeError, match="part-000 missing") as err:
+        runner.check(manifest, [exp], spec)
+    assert err.value.hint and "carry" in err.value.hint
+    spec.write_text("{")
+    with pytest.raises(runner.RootfsError, match="unreadable run spec"):
+        runner.check(manifest, [], spec)
+    with pytest.raises(runner.RootfsError, match="unreadable manifest"):
+        runner.check(tmp_path / "nowhere.json.gz", [exp])
+
+
+def test_image_run_start_refuses_in_the_call_when_the_manifest_did_not_travel(tmp_path: Path) -> None:
+    """`image_run.sh start` checks before it puts the assembly in the background: a missing manifest is an exit
+    code and a message in the call that started it, and nothing is left running or half made."""
+    root = Path(__file__).resolve().parents[2]
+    stash = tmp_path / "stash"
+    _export(stash / "fp8-a", manifest=False)
+    proc = subprocess.run(["bash", "bench/transport/image_run.sh", "start", "fp8", "bench/transport/jobs/fp8_image.sh",
+                           "fp8-a"], cwd=root, env={**os.environ, "RLSTACK_STASH": str(stash)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 9 and "unreadable manifest" in proc.stderr and "carry the manifest" in proc.stderr
+    assert not (stash / "snap-fp8").exists() and not (stash / "start-fp8.log").exists()

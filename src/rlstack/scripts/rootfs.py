@@ -13,7 +13,7 @@ Files the host already has byte for byte (large wheels installed there at the sa
 are copied from the host after their sha256 is checked against the image's, so they need not travel; every
 file of the assembled tree is checked against the manifest.
 
-Run as `python3 -m rlstack.scripts.rootfs {survey,assemble,run}` with PYTHONPATH=src of a checkout, as root.
+Run as `python3 -m rlstack.scripts.rootfs {survey,check,assemble,run}` with PYTHONPATH=src of a checkout, as root.
 """
 
 from __future__ import annotations
@@ -97,6 +97,21 @@ def driver_dir() -> Path | None:
         if (cand / "libcuda.so.1").exists():
             return cand
     return None
+
+
+def check(manifest: Path, parts: list[Path], spec: Path | None = None) -> dict[str, Any]:
+    """Whether everything `assemble` and `run` will read is here: the manifest, every export's parts (sha256 of
+    each, all at once) and the spec. Seconds, so a job started in the background is refused at once, in the call
+    that starts it, rather than in a log read a call later."""
+    data = load_manifest(manifest)
+    if spec is not None:
+        try:
+            json.loads(spec.read_text())
+        except (OSError, ValueError) as exc:
+            raise RootfsError(f"{spec}: unreadable run spec ({exc})", "carry the rootfs-spec.json rootfs-export wrote"
+                              ) from None
+    counts = [len(verify_parts(folder)["parts"]) for folder in parts]
+    return {"image": data.get("image"), "exports": len(parts), "parts": sum(counts)}
 
 
 def assemble(manifest: dict[str, Any], parts: Path | list[Path] | None, root: Path, host_sites: list[Path]
@@ -285,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("survey", help="which host files match the manifest; what the host offers for running")
     s.add_argument("--manifest", type=Path, required=True)
     s.add_argument("--host-site", type=Path, action="append", default=[])
+    c = sub.add_parser("check", help="the manifest, every part and the spec are here and whole (before assemble)")
+    c.add_argument("--manifest", type=Path, required=True)
+    c.add_argument("--parts", type=Path, action="append", default=[], help="an export's folder (repeatable)")
+    c.add_argument("--spec", type=Path, help="rootfs-spec.json, checked when given")
     a = sub.add_parser("assemble", help="build the image's tree from the manifest, the parts and the host")
     a.add_argument("--manifest", type=Path, required=True)
     a.add_argument("--parts", type=Path, action="append", default=[],
@@ -303,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "survey":
             print(json.dumps(survey(load_manifest(args.manifest), args.host_site), indent=1))
+            return 0
+        if args.cmd == "check":
+            print(json.dumps(check(args.manifest, args.parts, args.spec)))
             return 0
         if args.cmd == "assemble":
             print(json.dumps(assemble(load_manifest(args.manifest), args.parts, args.root, args.host_site)))
