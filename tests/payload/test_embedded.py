@@ -205,18 +205,6 @@ def test_fetch_convert_cache_then_reuse_offline(wheelhouse: tuple[Path, Embedded
     assert err.value.hint and "delete" in err.value.hint
 
 
-def test_legacy_rope_keys_repeat_rope_parameters_at_the_top_level() -> None:
-    """What transformers 5 keeps in rope_parameters, transformers 4 reads from rope_theta and rope_scaling; a
-    config that says them already, or has no rope_parameters, is left as it is."""
-    yarn = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}
-    assert embedded.legacy_rope_keys({"rope_parameters": yarn}) == {
-        "rope_parameters": yarn, "rope_theta": 5e5, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    plain = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
-    assert embedded.legacy_rope_keys(plain) == {**plain, "rope_theta": 1e5}
-    assert embedded.legacy_rope_keys({**plain, "rope_theta": 7.0})["rope_theta"] == 7.0
-    assert embedded.legacy_rope_keys({"rope_theta": 1e4}) == {"rope_theta": 1e4}
-
-
 def test_a_folder_from_an_older_conversion_is_converted_again(wheelhouse: tuple[Path, EmbeddedModel],
                                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                              ) -> None:

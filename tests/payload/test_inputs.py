@@ -3,6 +3,7 @@ binary files where text is expected, and the one library warning rlstack silence
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -123,3 +124,38 @@ def test_adapters_refuses_a_store_that_is_a_file(tmp_path: Path, capsys: pytest.
     (tmp_path / "f").write_text("x")
     assert main(["adapters", "--root", str(tmp_path / "f")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_legacy_rope_keys_repeat_rope_parameters_at_the_top_level() -> None:
+    """What transformers 5 keeps in rope_parameters, transformers 4 reads from rope_theta and rope_scaling; a
+    config that says them already, or has no rope_parameters, is left as it is."""
+    from rlstack.payload import model_config
+
+    yarn = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}
+    assert model_config.legacy_rope_keys({"rope_parameters": yarn}) == {
+        "rope_parameters": yarn, "rope_theta": 5e5, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    plain = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
+    assert model_config.legacy_rope_keys(plain) == {**plain, "rope_theta": 1e5}
+    assert model_config.unread_by_v4(plain) == {"rope_theta": 1e5}
+    assert model_config.legacy_rope_keys({**plain, "rope_theta": 7.0})["rope_theta"] == 7.0
+    assert model_config.unread_by_v4({**plain, "rope_theta": 1e5}) == {}
+    assert model_config.legacy_rope_keys({"rope_theta": 1e4}) == {"rope_theta": 1e4}
+
+
+def test_a_folder_transformers_4_would_misread_is_refused_with_the_keys_to_add(tmp_path: Path) -> None:
+    """A config.json written by transformers 5 (RoPE base only in rope_parameters): refused under transformers 4,
+    where it would run with rope_theta 10000, with the exact keys to add; fine under 5, and once the keys are
+    there."""
+    from rlstack.payload.train.loading import check_config_readable
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}))
+    check_config_readable(config, "5.5.0")
+    with pytest.raises(ModelLoadError, match="transformers 4.57.6 in this stack reads rope_theta") as exc:
+        check_config_readable(config, "4.57.6")
+    assert exc.value.hint and '{"rope_theta": 100000.0}' in exc.value.hint
+    config.write_text(json.dumps({"rope_theta": 100000.0, "rope_parameters": {"rope_theta": 100000.0}}))
+    check_config_readable(config, "4.57.6")
+    config.write_text("{")
+    with pytest.raises(ModelLoadError, match="unreadable"):
+        check_config_readable(config, "4.57.6")

@@ -37,7 +37,7 @@ from typing import Any
 
 from rlstack.core.errors import RlstackError
 from rlstack.core.fileio import sha256_file, swap_in, tree_difference, tree_hashes
-from rlstack.payload import tokenizer_files
+from rlstack.payload import model_config, tokenizer_files
 
 PREFIX = "embedded:"
 STAMP = "rlstack-embedded.json"
@@ -278,27 +278,9 @@ def materialize(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(str(out))
     config = out / "config.json"
-    config.write_text(json.dumps(legacy_rope_keys(json.loads(config.read_text())), indent=2) + "\n")
+    # transformers 4 (the fp8 stack's) reads the RoPE base at the top level only (rlstack.payload.model_config)
+    config.write_text(json.dumps(model_config.legacy_rope_keys(json.loads(config.read_text())), indent=2) + "\n")
     tokenizer_files.save(tokenizer, out)
-
-
-def legacy_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with the RoPE base (and any scaling) also at the top level, where transformers 4 reads them.
-
-    transformers 5 saves them only inside `rope_parameters`; transformers 4 (the fp8 stack's 4.57, and the vLLM
-    that reads its configs through it) ignores that key and falls back to rope_theta 10000, where SmolLM2's is
-    100000: the same weights then run with another positional encoding, and answer far fewer problems
-    (bench/results/learning-base-hf-vs-vllm-pair-*.json). transformers 5 reads the top-level keys as the same
-    values, so one folder serves both."""
-    rope = config.get("rope_parameters")
-    if not isinstance(rope, dict):
-        return config
-    out = dict(config)
-    if "rope_theta" in rope:
-        out.setdefault("rope_theta", rope["rope_theta"])
-    if rope.get("rope_type", "default") != "default":
-        out.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
-    return out
 
 
 # --- the cache ------------------------------------------------------------------------------------------------

@@ -75,6 +75,35 @@ def resolve_base(spec: ModelSpec) -> tuple[str, str]:
     return spec.name, spec.name
 
 
+def check_config_readable(path: Path, transformers_version: str | None = None) -> None:
+    """Refuse a config.json this stack's transformers would misread: one written by transformers 5 keeps its RoPE
+    base only in rope_parameters, and transformers 4 (and vLLM through it) would silently run the model with
+    rope_theta 10000 instead (rlstack.payload.model_config)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = transformers_version or version("transformers")
+    except PackageNotFoundError:
+        return
+    if int(installed.split(".")[0]) >= 5:
+        return
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: unreadable ({exc})", "save the model again (config.json is JSON)") from None
+    from rlstack.payload import model_config
+
+    missing = model_config.unread_by_v4(config) if isinstance(config, dict) else {}
+    if missing:
+        raise ModelLoadError(
+            f"{path} keeps its RoPE settings only in rope_parameters (transformers 5 wrote it); transformers "
+            f"{installed} in this stack reads {', '.join(missing)} from the top level and would run the model "
+            "with its defaults (rope_theta 10000), silently",
+            f"add {json.dumps(missing)} to {path} (transformers 5 reads the same values), or use a stack with "
+            "transformers >= 5")
+
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
@@ -86,6 +115,7 @@ def check_model_name(name: str) -> None:
         if not (folder / "config.json").is_file():  # else transformers' own traceback, after the data loaded
             raise ModelLoadError(f"model folder {name!r} holds no config.json: not a model folder",
                                  "pass the folder a model was saved to (config.json beside its weights)")
+        check_config_readable(folder / "config.json")
         return
     looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
     if looks_local or not HUB_ID.fullmatch(name) or ".." in name or "--" in name:
