@@ -692,6 +692,11 @@ def handoff(args: argparse.Namespace) -> int:
         a = f"{(json.loads(Path(args.pair_with).read_text()).get('config') or {}).get('engine', '?')}"
         b = str(record.extra["eval"]["config"].get("engine", "?"))
         record.rows = [pair_row(args.stack_name, a, b, c)]
+    else:  # the pair's first half: its one side, paired by the other stack's run (--pair-with this results.json)
+        got = record.extra["eval"]
+        record.columns = ["stack", "a", "n", "a_correct", "a_format"]
+        record.rows = [{"stack": args.stack_name, "a": str(got["config"].get("engine", "?")), "n": got.get("n"),
+                        "a_correct": got.get("correct"), "a_format": got.get("format_ok")}]
     record.extra["status"] = "done"
     _copy_to_out(evals)
     print(f"learning: record {record.write()}", flush=True)

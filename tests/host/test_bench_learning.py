@@ -344,6 +344,13 @@ def test_hand_off_evaluates_the_adapter_and_pairs_it_with_the_other_stack(
     assert got.rows[0]["identical_generations"] == "3/4" and got.rows[0]["a"] == "transformers@cpu"
     assert (got.rows[0]["a_correct"], got.rows[0]["b_correct"]) == (2, 3)
     assert learning.main(["--adapter-from", str(tmp_path), "--out", str(tmp_path / "o")]) == 2  # no manifest there
+    # the first half (no --pair-with): a record with its one side, so the results schema has a row to show
+    calls.clear()
+    assert learning.main(["--stack-name", "portable", "--adapter-from", str(adapter), "--backend", "hf",
+                          "--out", str(tmp_path / "h"), "--work", str(tmp_path / "w")]) == 0
+    first = results.read(next((tmp_path / "h").glob("learning-portable-handoff-hf-*.json")))
+    assert first.rows == [{"stack": "portable", "a": first.extra["eval"]["config"]["engine"], "n": 4,
+                           "a_correct": first.extra["eval"]["correct"], "a_format": first.extra["eval"]["format_ok"]}]
 
 
 def test_the_row_names_the_rollouts_that_ran(learning: ModuleType) -> None:
