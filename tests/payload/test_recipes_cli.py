@@ -58,6 +58,23 @@ def test_eval_config_from_adapter_recipe_then_flags(tmp_path: Path, monkeypatch:
     assert plain.vllm_enforce_eager is False
 
 
+def test_every_eval_option_of_a_recipe_reaches_the_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """recipes.EvalSpec declares the [eval] options once: each one set in a recipe arrives in rlstack eval's
+    config without a list to keep in step; an older adapter's recipe naming an option this rlstack no longer has
+    is read without it."""
+    monkeypatch.setenv("RLSTACK_ADAPTERS", str(tmp_path))
+    chosen = {"data": "generated-easy:64", "split": "train", "n": 7, "seed": 3, "batch_size": 5, "max_new_tokens": 9,
+              "backend": "vllm", "vllm_gpu_memory_utilization": 0.2, "vllm_enforce_eager": True}
+    assert set(chosen) == set(recipes.EvalSpec.model_fields)  # a new option: give it a value here
+    recipe = recipes.load("smoke-cpu").model_dump(mode="json")
+    recipe["eval"] = {**chosen, "retired_option": 1}
+    adapters.write_adapter(tmp_path, "a", lambda d: (d / "w").write_text("x"), base_model="b", recipe=recipe,
+                           stack="cpu", lock_hash=None)
+    cfg = commands.eval_config(adapter="a")
+    assert {k: getattr(cfg, k) for k in chosen} == chosen
+    assert commands.eval_config(adapter="a", n=2, seed=None).n == 2  # a flag given wins; one left out does not
+
+
 def test_eval_unquantized_overrides_the_adapter_recipe_quantization(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """An adapter trained on a 4-bit (or FP8) base is evaluated on that base by default; --unquantized loads it

@@ -142,19 +142,19 @@ def eval_config(*, recipe: str | None = None, adapter: str | None = None, **flag
     # --unquantized: the same base an engine that ignores the recipe's quantization runs (vLLM's bf16 +
     # LoRARequest), so two engines' generations compare token for token on one base, not NF4 against bf16
     quantize = not flags.get("unquantized")
-    cfg = EvalConfig(load_in_4bit=bool(flags.get("load_in_4bit")) or (quantize and bool(model.get("load_in_4bit"))),
+    # the recipe's [eval] options as recipes.EvalSpec declares them (an older adapter's recipe may name one this
+    # rlstack no longer has: it is left out, not an error), then the flags given
+    cfg = EvalConfig(**{k: v for k, v in section.items() if k in recipes.EvalSpec.model_fields},
+                     load_in_4bit=bool(flags.get("load_in_4bit")) or (quantize and bool(model.get("load_in_4bit"))),
                      load_in_fp8=quantize and bool(model.get("load_in_fp8")),
                      chat_template_kwargs=dict((data.get("prompt") or {}).get("chat_template_kwargs") or {}),
                      tiny=model.get("tiny"), adapter=adapter)
-    for key in ("data", "split", "n", "seed", "batch_size", "max_new_tokens", "backend", "vllm_gpu_memory_utilization",
-                "vllm_enforce_eager"):
-        if key in section:
-            setattr(cfg, key, section[key])
-    for key in ("model", "backend", "n", "data", "split", "batch_size", "max_new_tokens", "seed", "output",
-                "fastgen", "reference_kernels"):
-        if flags.get(key) is not None:
-            setattr(cfg, key, flags[key])
-    return cfg
+    given = {k: v for k, v in flags.items() if v is not None and k not in ("load_in_4bit", "unquantized")}
+    unknown = sorted(set(given) - set(EvalConfig.model_fields))
+    if unknown:
+        raise RlstackError(f"eval_config got options it does not know: {', '.join(unknown)}",
+                           "report it: a flag of rlstack eval has no EvalConfig field")
+    return cfg.model_copy(update=given)
 
 
 def eval_(

@@ -15,39 +15,33 @@ import platform
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field
 
 from rlstack import __version__
 from rlstack.core.fileio import check_folder
 from rlstack.payload import adapters, prompt
 from rlstack.payload.evaluate.scoring import EvalError, score
-from rlstack.payload.recipes import ModelSpec, TinySpec
+from rlstack.payload.recipes import EvalSpec, ModelSpec, TinySpec
 
 VERSION_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "unsloth", "vllm", "bitsandbytes")
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(EvalSpec):
+    """One evaluation: the recipe's [eval] options (recipes.EvalSpec, declared there once) and what the run adds:
+    which model and adapter, how the base is loaded, the decoding path and the output folder."""
+
     model: str | None = None  # base model; default: the adapter's manifest base_model
     adapter: str | None = None
-    backend: str = "hf"
-    data: str = "gsm8k"
-    split: str = "test"
-    n: int = 300
-    seed: int = 0
-    batch_size: int = 16
-    max_new_tokens: int = 512
     load_in_4bit: bool = False
     load_in_fp8: bool = False  # vllm backend: quantization="fp8"
-    vllm_gpu_memory_utilization: float | None = None  # vllm backend: the engine's share of the GPU; None: vLLM's own
-    vllm_enforce_eager: bool = False  # vllm backend: no compile, no CUDA graphs (recipes.EvalSpec says why)
     fastgen: bool = False  # hf backend: greedy decoding through rlstack's fastgen instead of transformers' generate
     # with fastgen: transformers' own kernels in a CUDA graph (FastGenerator reference_kernels): generate's tokens
     reference_kernels: bool = False
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     tiny: dict[str, Any] | None = None  # [model.tiny] of a recipe, for --model tiny without an adapter
     output: Path | None = None
 
