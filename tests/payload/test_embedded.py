@@ -205,6 +205,25 @@ def test_fetch_convert_cache_then_reuse_offline(wheelhouse: tuple[Path, Embedded
     assert err.value.hint and "delete" in err.value.hint
 
 
+def test_a_4bit_load_of_an_embedded_folder_says_it_quantizes_twice(wheelhouse: tuple[Path, EmbeddedModel],
+                                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                                  ) -> None:
+    """The embedded folder (its stamp names it) gets the notice; any other folder, and a load not in 4-bit, none."""
+    from rlstack.payload.train import loading
+
+    links, record = wheelhouse
+    folder = embedded.ensure(record, root=tmp_path / "cache", find_links=links)
+    capsys.readouterr()
+    notice = embedded.requantize_notice(folder)
+    assert notice and record.name in notice and "model.load_in_4bit = false" in notice
+    assert embedded.requantize_notice(tmp_path) is None
+    loading._say_if_requantized(str(folder), False)
+    loading._say_if_requantized(str(tmp_path), True)
+    assert capsys.readouterr().err == ""
+    loading._say_if_requantized(str(folder), True)
+    assert capsys.readouterr().err == notice + "\n"
+
+
 def test_a_folder_from_an_older_conversion_is_converted_again(wheelhouse: tuple[Path, EmbeddedModel],
                                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                              ) -> None:

@@ -283,6 +283,22 @@ def materialize(gguf: Path, out: Path) -> None:
     tokenizer_files.save(tokenizer, out)
 
 
+def requantize_notice(folder: str | Path) -> str | None:
+    """The line a 4-bit load of an embedded model's folder prints (None for any other folder): its weights are a
+    4-bit GGUF's, dequantized, and NF4 quantizes them a second time; a 135M model loses much of what it answers
+    that way (the 4-bit and bf16 rows of the README's learning table), which reads as "GRPO does not learn"."""
+    stamp = Path(folder) / STAMP
+    if not stamp.is_file():
+        return None
+    try:
+        name = json.loads(stamp.read_text()).get("name") or str(folder)
+    except (OSError, ValueError, AttributeError):
+        name = str(folder)
+    return (f"rlstack: {name} comes from a 4-bit GGUF; loading it in 4-bit quantizes those weights a second time "
+            "(NF4), and a model this small then answers far fewer problems: model.load_in_4bit = false loads it "
+            "as stored")
+
+
 # --- the cache ------------------------------------------------------------------------------------------------
 
 

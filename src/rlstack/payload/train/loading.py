@@ -178,6 +178,7 @@ def _load_unsloth(target: str, base_id: str, spec: ModelSpec, lora: LoraSpec, *,
                       max_lora_rank=lora.r, load_in_4bit=False)
     else:
         kwargs.update(load_in_4bit=spec.load_in_4bit)
+        _say_if_requantized(target, spec.load_in_4bit)
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
     except Exception as exc:
@@ -243,6 +244,14 @@ def check_pad_token(tokenizer: Any, model: Any, target: str) -> None:
                                       f"model's {rows} embedding rows")
 
 
+def _say_if_requantized(target: str, four_bit: bool) -> None:
+    from rlstack.payload import embedded
+
+    notice = embedded.requantize_notice(target) if four_bit else None
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+
+
 def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str, str]:
     """(model, tokenizer, loader name, device): plain transformers, 4-bit NF4 when asked for on a GPU."""
     import torch
@@ -262,6 +271,7 @@ def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str,
             bnb_4bit_compute_dtype=kwargs["dtype"],
         )
         loader = "transformers+bnb4"
+        _say_if_requantized(target, True)
     elif spec.load_in_4bit:
         print("rlstack: no CUDA GPU: loading the model unquantized (4-bit needs bitsandbytes on a GPU)",
               file=sys.stderr)
