@@ -26,6 +26,9 @@ STASH=${RLSTACK_STASH:-/root/stash}  # another folder for tests
 mode=${1:?usage: image_run.sh stash DIR... | models NAME... | assemble STACK EXPORT... | bg STACK JOB | start STACK JOB EXPORT... | wait STACK [SECONDS] | spy PATTERN [LINES] | pack}
 shift
 site() { python3 -c "import site; print(site.getsitepackages()[0])"; }
+exports() {  # EXPORT...: rootfs.py's --parts arguments in $parts, the last export's folder in $last
+  parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done; last=$STASH/${!#}
+}
 case "$mode" in
   stash)
     # hard links where the stash shares the checkout's disk: parts carried in earlier calls stay in the checkout
@@ -44,8 +47,7 @@ case "$mode" in
     chmod -R a+rX "$F/models" && ls "$F/models" ;;
   assemble)
     stack=$1; shift
-    parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done
-    last=$STASH/${!#}
+    exports "$@"
     start=$(date +%s)
     PYTHONPATH=src python3 -m rlstack.scripts.rootfs assemble --manifest "$last/rootfs-manifest.json.gz" \
       "${parts[@]}" --root "$STASH/root-$stack" --host-site "$(site)"
@@ -69,9 +71,9 @@ case "$mode" in
   start)
     stack=$1 job=$2; shift 2
     # refused here, in this call, when a manifest, part or spec did not travel: not in a log read a call later
-    parts=(); for e in "$@"; do parts+=(--parts "$STASH/$e"); done
-    PYTHONPATH=src python3 -m rlstack.scripts.rootfs check --manifest "$STASH/${!#}/rootfs-manifest.json.gz" \
-      --spec "$STASH/${!#}/rootfs-spec.json" "${parts[@]}"
+    exports "$@"
+    PYTHONPATH=src python3 -m rlstack.scripts.rootfs check --manifest "$last/rootfs-manifest.json.gz" \
+      --spec "$last/rootfs-spec.json" "${parts[@]}"
     snap=$STASH/snap-$stack
     rm -rf "$snap" && mkdir -p "$snap" && cp -a src bench recipes "$snap/"
     (cd "$snap" && setsid nohup bash -c "bash bench/transport/image_run.sh assemble $stack $* \

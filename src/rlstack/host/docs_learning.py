@@ -35,16 +35,16 @@ def _status(extra: dict[str, Any]) -> str:
 def _weights(extra: dict[str, Any], fp8: bool = False) -> str:
     """The base's precision in training and in the evaluations: what separates two runs of one path (a 135M
     model's 4-bit base answers far fewer problems than its bf16 one)."""
+    def precision(fp8: object, four_bit: object) -> str:
+        return "FP8" if fp8 else "4-bit" if four_bit else "bf16"
+
     model = (extra.get("recipe") or {}).get("model") or {}
     loader = str((extra.get("train") or {}).get("loader") or "")
-    if fp8 or "fp8" in loader or model.get("load_in_fp8"):
-        trained = "FP8"
-    else:
-        trained = "4-bit" if model.get("load_in_4bit") else "bf16"
+    trained = precision(fp8 or "fp8" in loader or model.get("load_in_fp8"), model.get("load_in_4bit"))
     config = (extra.get("base") or {}).get("config") or {}
     if not config:
         return trained
-    scored = "FP8" if config.get("load_in_fp8") else "4-bit" if config.get("load_in_4bit") else "bf16"
+    scored = precision(config.get("load_in_fp8"), config.get("load_in_4bit"))
     return trained if scored == trained else f"{trained} train, {scored} eval"
 
 

@@ -82,11 +82,13 @@ def check_config_readable(path: Path, transformers_version: str | None = None) -
     import json
     from importlib.metadata import PackageNotFoundError, version
 
+    from packaging.version import Version
+
     try:
         installed = transformers_version or version("transformers")
     except PackageNotFoundError:
         return
-    if int(installed.split(".")[0]) >= 5:
+    if Version(installed).major >= 5:
         return
     try:
         config = json.loads(path.read_text())
