@@ -168,3 +168,27 @@ def test_learning_table_names_the_weights_trained_and_scored() -> None:
     assert docs_learning._weights(extra(four, "unsloth-fp8", {"load_in_4bit": False})) == "FP8 train, bf16 eval"
     assert docs_learning._weights({"recipe": {"model": four}}) == "4-bit"
 
+
+
+def test_a_run_measured_under_a_defect_fixed_since_says_so_on_both_pages(tmp_path: Path) -> None:
+    """An erratum keeps the run's numbers and names the defect and its fix in the README's learning table and on the
+    performance page; a record without one renders as before."""
+    from rlstack.core import results
+    from rlstack.host import docs_learning
+
+    erratum = results.Erratum(defect="RoPE base read as 10000", fixed_in="627c61e")
+    result = results.Result(
+        question="learning", title="fp8 learning", ran=results.Ran(command="python3 bench/learning.py",
+                                                                   bench="learning", stack="fp8"),
+        where=results.Where(gpu="NVIDIA H100", environment="image rlstack/fp8:abc"), date="2026-12-06T17:25:00Z",
+        columns=["stack", "n", "base_correct", "tuned_correct", "p"],
+        rows=[{"stack": "fp8", "n": 256, "base_correct": 38, "tuned_correct": 219, "p": 6.5e-55}],
+        extra={"status": "done"}, errata=[erratum])
+    results.write(result, "learning-fp8", tmp_path)
+    assert results.read(tmp_path / "learning-fp8.json").errata == [erratum]  # survives the file
+    (row,) = docs_learning.learning_rows(tmp_path)
+    assert row[5] == "38/256 -> 219/256" and row[7] == "done; measured before 627c61e fixed: RoPE base read as 10000"
+    block = docs.result_block(tmp_path / "learning-fp8.json", result, "")
+    assert "**Erratum**: measured before 627c61e fixed: RoPE base read as 10000." in block
+    assert "Erratum" not in docs.result_block(tmp_path / "learning-fp8.json", result.model_copy(update={"errata": []}),
+                                              "")

@@ -100,6 +100,20 @@ class Where(BaseModel):
         return cls(gpu=gpu, driver=driver, environment=environment, deviations=deviations or [], machine=machine)
 
 
+class Erratum(BaseModel):
+    """A defect of rlstack's own under which a run measured, found after it ran. The numbers stay as measured (they
+    are what that code did); every page that shows them names the defect and the commit that fixed it, so a reader
+    does not take them for what the fixed code does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defect: str = Field(description="what was wrong, in one line")
+    fixed_in: str = Field(description="the commit that fixed it")
+
+    def text(self) -> str:
+        return f"measured before {self.fixed_in} fixed: {self.defect}"
+
+
 class Result(BaseModel):
     """One run of one benchmark. `columns` are the row keys the pages show, in order; `metric` and `baseline`
     give the ratio column (each row's metric over the baseline row's, the peer measured in the same run)."""
@@ -129,6 +143,7 @@ class Result(BaseModel):
     )
     headline: dict[str, Any] | None = Field(None, description="the row the README's short table quotes")
     notes: str = ""
+    errata: list[Erratum] = Field(default_factory=list, description="defects found after the run (Erratum)")
     extra: dict[str, Any] = Field(default_factory=dict, description="everything else the run recorded")
     migrated_from: str | None = Field(None, description="the pre-schema file this was converted from, if any")
 

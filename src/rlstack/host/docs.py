@@ -96,7 +96,8 @@ def result_block(path: Path, result: results.Result, link_prefix: str) -> str:
         f"### {result.title}", "",
         f"{result.date[:10]} on {where_text(result)}{stack}: `{ran.command}` "
         f"([{path.name}]({link_prefix}{path.name})).{peer}", "",
-        markdown_table(headers, rows), "", *([f"Notes of the run: {result.notes}", ""] if result.notes else [])])
+        markdown_table(headers, rows), "", *([f"Notes of the run: {result.notes}", ""] if result.notes else []),
+        *[f"**Erratum**: {e.text()}.\n" for e in result.errata]])
 
 
 def performance_page(folder: Path | None = None) -> str:

@@ -24,12 +24,10 @@ def _wall(extra: dict[str, Any]) -> str | None:
     return hits[0].signature.id if hits else None
 
 
-def _status(extra: dict[str, Any]) -> str:
+def _status(extra: dict[str, Any], errata: list[results.Erratum]) -> str:
     status = str(extra.get("status") or "?")
-    if status == "done":
-        return status
-    wall = _wall(extra)
-    return f"{status}: {wall}" if wall else status
+    wall = _wall(extra) if status != "done" else None
+    return "; ".join([f"{status}: {wall}" if wall else status, *(e.text() for e in errata)])
 
 
 def _weights(extra: dict[str, Any], fp8: bool = False) -> str:
@@ -71,7 +69,7 @@ def learning_rows(folder: Path | None = None) -> list[list[object]]:
                 row.get("stack", r.ran.stack), path_text or "-", _weights(extra, bool(r.ran.options.get("fp8"))),
                 row.get("steps", train.get("steps_done", 0)), row.get("s_per_step") or "-",
                 f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
-                _p(row.get("p")), _status(extra),
+                _p(row.get("p")), _status(extra, r.errata),
                 f"{r.where.gpu or 'CPU'}, {r.where.environment}, lock {(r.ran.lock_hash or '?')[:12]}, {r.date[:10]}",
                 f"[png](bench/results/{png.name})" if png.is_file() else "-",
                 f"[{path.name}](bench/results/{path.name})",
