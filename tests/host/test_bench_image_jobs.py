@@ -70,3 +70,20 @@ def test_no_adapter_skips_the_hand_off_and_still_waits_for_the_own_run(tmp_path:
     assert "handoff skipped: the fastgen run left no adapter" in steps
     assert "learning-portable-own rc 0" in steps  # waited: the own run's step is logged before the job ends
     assert not any("--adapter-from" in c for c in calls)
+
+
+def test_harder_runs_the_fastgen_path_at_the_two_step_level_after_the_hand_off(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", LEARN_STEPS="5")
+    assert steps.index("handoff-fp8 rc 0") < steps.index("learning-portable-fastgen-two-step rc 0")
+    harder = [c for c in calls if "generated-two-step" in c]
+    assert len(harder) == 1 and "--engine fastgen" in harder[0] and "--steps 5" in harder[0]
+    assert "--set data.train=generated-two-step:4000 --set eval.data=generated-two-step:256" in harder[0]
+    assert "kernel-cache-fastgen-two-step" in harder[0] and "learning-portable-fastgen-two-step" in harder[0]
+    calls, steps = run_job(tmp_path / "plain", "portable_image", STEPS="learn")
+    assert not any("two-step" in c for c in calls) and "end-portable" in steps
+
+
+def test_harder_runs_even_when_the_fastgen_run_left_no_adapter(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", NO_ADAPTER="1")
+    assert "handoff skipped: the fastgen run left no adapter" in steps
+    assert "learning-portable-fastgen-two-step rc 0" in steps

@@ -136,7 +136,8 @@ def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: P
             date="2026-12-06T09:00:00Z", columns=columns, rows=rows, extra=extra), name, tmp_path)
 
     record("learning-done", [{"stack": "portable", "path": "unsloth, fastgen", "steps": 80, "s_per_step": 0.5,
-                              "n": 256, "base_correct": 31, "tuned_correct": 200, "p": 1e-9}], {"status": "done"})
+                              "n": 256, "base_correct": 31, "tuned_correct": 200, "p": 1e-9}],
+           {"status": "done", "recipe": {"eval": {"data": "generated-two-step:256"}}})
     record("learning-failed", [], {"status": "failed in train (rc 1)", "base": {"n": 256, "correct": 31},
                                    "train": {"loader": "unsloth", "log_tail": [
                                        "torch._inductor.exc.InductorError: ModuleNotFoundError: No module named "
@@ -147,11 +148,12 @@ def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: P
                                                "[learning-failed.json](bench/results/learning-failed.json)"]
     rows = {str(r[-1]): r for r in table}
     done = rows["[learning-done.json](bench/results/learning-done.json)"]
-    assert done[:7] == ["portable", "unsloth, fastgen", "bf16", 80, 0.5, "31/256 -> 200/256", "1e-09"]
-    assert done[7] == "done" and done[9] == "[png](bench/results/learning-done.png)"
+    assert done[:8] == ["portable", "unsloth, fastgen", "bf16", "generated-two-step", 80, 0.5, "31/256 -> 200/256",
+                        "1e-09"]
+    assert done[8] == "done" and done[10] == "[png](bench/results/learning-done.png)"
     failed = rows["[learning-failed.json](bench/results/learning-failed.json)"]
-    assert failed[1] == "unsloth, own rollouts" and failed[5] == "31/256 -> -/256" and failed[9] == "-"
-    assert failed[7] == "failed in train (rc 1): torch-compile-no-setuptools"
+    assert failed[1] == "unsloth, own rollouts" and failed[3] == "-" and failed[6] == "31/256 -> -/256"
+    assert failed[10] == "-" and failed[8] == "failed in train (rc 1): torch-compile-no-setuptools"
 
 
 def test_learning_table_names_the_weights_trained_and_scored() -> None:
@@ -187,7 +189,7 @@ def test_a_run_measured_under_a_defect_fixed_since_says_so_on_both_pages(tmp_pat
     results.write(result, "learning-fp8", tmp_path)
     assert results.read(tmp_path / "learning-fp8.json").errata == [erratum]  # survives the file
     (row,) = docs_learning.learning_rows(tmp_path)
-    assert row[5] == "38/256 -> 219/256" and row[7] == "done; measured before 627c61e fixed: RoPE base read as 10000"
+    assert row[6] == "38/256 -> 219/256" and row[8] == "done; measured before 627c61e fixed: RoPE base read as 10000"
     block = docs.result_block(tmp_path / "learning-fp8.json", result, "")
     assert "**Erratum**: measured before 627c61e fixed: RoPE base read as 10000." in block
     assert "Erratum" not in docs.result_block(tmp_path / "learning-fp8.json", result.model_copy(update={"errata": []}),

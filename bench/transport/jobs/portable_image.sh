@@ -4,17 +4,22 @@
 # step times compare within this job, not with a run alone); once the fastgen run ends, the hand-off of its adapter,
 # evaluated on the bf16 base in portable with transformers and in the fp8 image with vLLM, paired, while the slower
 # own-generation run goes on. STEPS=learn: no probes; LEARN_STEPS=N: N GRPO steps instead of the recipe's.
+# HARDER=1: then the fastgen run again at the harder level (two-step problems, the held-out ones of the same level).
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
 RUNS=$STASH/vol/rlstack-runs
 step() { echo "$(date +%s) $*" >> "$O/timeline"; }
 keep() { cp "$RUNS"/learning-out/*.json "$RUNS"/learning-out/*.png "$O/" 2>/dev/null; }
-learn() {  # ENGINE; each its own kernel cache (Unsloth writes its generated trainer code there on the first run)
-  $RUN "${MODELS[@]}" --env "RLSTACK_KERNEL_CACHE=/opt/rlstack/runs/kernel-cache-$1" --entrypoint python3 -- bench/learning.py --stack-name portable --engine "$1" ${LEARN_STEPS:+--steps "$LEARN_STEPS"} \
-    --work "/opt/rlstack/runs/learning-portable-$1" --out /opt/rlstack/runs/learning-out > "$O/learning-portable-$1.log" 2>&1
-  step "learning-portable-$1 rc $?"; keep
+learn() {  # ENGINE [NAME [--set K=V...]]; each run its own kernel cache (Unsloth writes its generated trainer code
+  # there on the first run)
+  local engine=$1 name=${2:-$1}; shift; shift || true
+  $RUN "${MODELS[@]}" --env "RLSTACK_KERNEL_CACHE=/opt/rlstack/runs/kernel-cache-$name" --entrypoint python3 -- bench/learning.py --stack-name portable --engine "$engine" ${LEARN_STEPS:+--steps "$LEARN_STEPS"} \
+    "$@" --work "/opt/rlstack/runs/learning-portable-$name" --out /opt/rlstack/runs/learning-out > "$O/learning-portable-$name.log" 2>&1
+  step "learning-portable-$name rc $?"; keep
 }
+# the harder level: what recipes/smollm2-gpu.toml names as its second level
+TWO_STEP=(--set data.train=generated-two-step:4000 --set eval.data=generated-two-step:256)
 step start-portable
 probe() {  # beside the learning runs: the probes check what runs, not how fast (no vLLM in portable)
   $RUN -- probe --stack portable --gpu-arch sm_90 --layer runtime --json -o /opt/rlstack/runs/probe-portable-image.json \
@@ -25,17 +30,21 @@ STAGGER=${STAGGER:-20}  # seconds between the starts: each process loads and com
 learn own & sleep "$STAGGER"
 if [ "${STEPS:-all}" = all ]; then probe & sleep "$STAGGER"; fi
 learn fastgen
-TUNED=$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned 2>/dev/null | tail -1)
-if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; wait; exit 0; fi
-ADAPTER=/opt/rlstack/runs/$TUNED
-$RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name portable --adapter-from "$ADAPTER" \
-  --backend hf --unquantized --work /opt/rlstack/runs/handoff --out /opt/rlstack/runs/learning-out \
-  > "$O/handoff-portable.log" 2>&1
-step "handoff-portable rc $?"; keep
-HF=$(cd "$RUNS/learning-out" && ls -d learning-portable-handoff-hf-*/eval/results.json | tail -1)
-run_in fp8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --adapter-from "$ADAPTER" \
-  --backend vllm --unquantized --pair-with "/opt/rlstack/runs/learning-out/$HF" --work /opt/rlstack/runs/handoff \
-  --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
-step "handoff-fp8 rc $?"; keep
+handoff() {  # the fastgen run's adapter in portable (transformers) and in the fp8 image (vLLM), paired
+  TUNED=$(cd "$RUNS" && ls -d learning-portable-fastgen/*/adapters/tuned 2>/dev/null | tail -1)
+  if [ ! -f "$RUNS/$TUNED/manifest.json" ]; then step "handoff skipped: the fastgen run left no adapter"; return; fi
+  ADAPTER=/opt/rlstack/runs/$TUNED
+  $RUN "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name portable --adapter-from "$ADAPTER" \
+    --backend hf --unquantized --work /opt/rlstack/runs/handoff --out /opt/rlstack/runs/learning-out \
+    > "$O/handoff-portable.log" 2>&1
+  step "handoff-portable rc $?"; keep
+  HF=$(cd "$RUNS/learning-out" && ls -d learning-portable-handoff-hf-*/eval/results.json | tail -1)
+  run_in fp8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --adapter-from "$ADAPTER" \
+    --backend vllm --unquantized --pair-with "/opt/rlstack/runs/learning-out/$HF" --work /opt/rlstack/runs/handoff \
+    --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
+  step "handoff-fp8 rc $?"; keep
+}
+handoff
+if [ -n "${HARDER:-}" ]; then learn fastgen fastgen-two-step "${TWO_STEP[@]}"; fi
 wait
 step end-portable

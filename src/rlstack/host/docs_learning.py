@@ -11,8 +11,8 @@ from typing import Any
 from rlstack.core import results
 from rlstack.core.tables import markdown_table
 
-HEADERS = ["stack", "path", "weights", "steps", "s/step", "base -> tuned (held out)", "p", "status", "on", "curve",
-           "data"]
+HEADERS = ["stack", "path", "weights", "problems", "steps", "s/step", "base -> tuned (held out)", "p", "status", "on",
+           "curve", "data"]
 
 
 def _wall(extra: dict[str, Any]) -> str | None:
@@ -46,6 +46,12 @@ def _weights(extra: dict[str, Any], fp8: bool = False) -> str:
     return trained if scored == trained else f"{trained} train, {scored} eval"
 
 
+def _problems(extra: dict[str, Any]) -> str:
+    """The held-out problems' level (the eval data spec without its count): one recipe runs at several levels."""
+    spec = str(((extra.get("recipe") or {}).get("eval") or {}).get("data") or "-")
+    return spec.rsplit(":", 1)[0] if spec.rsplit(":", 1)[-1].isdigit() else spec
+
+
 def _p(value: object) -> str:
     return f"{value:.2g}" if isinstance(value, float) else "-" if value is None else str(value)
 
@@ -67,7 +73,7 @@ def learning_rows(folder: Path | None = None) -> list[list[object]]:
             png = path.with_suffix(".png")
             rows.append((extra.get("status") == "done", r.date, [
                 row.get("stack", r.ran.stack), path_text or "-", _weights(extra, bool(r.ran.options.get("fp8"))),
-                row.get("steps", train.get("steps_done", 0)), row.get("s_per_step") or "-",
+                _problems(extra), row.get("steps", train.get("steps_done", 0)), row.get("s_per_step") or "-",
                 f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
                 _p(row.get("p")), _status(extra, r.errata),
                 f"{r.where.gpu or 'CPU'}, {r.where.environment}, lock {(r.ran.lock_hash or '?')[:12]}, {r.date[:10]}",
