@@ -85,5 +85,6 @@ def test_harder_runs_the_fastgen_path_at_the_two_step_level_after_the_hand_off(t
 
 def test_harder_runs_even_when_the_fastgen_run_left_no_adapter(tmp_path: Path) -> None:
     calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", NO_ADAPTER="1")
+    assert not any("--adapter-from" in c for c in calls)
     assert "handoff skipped: the fastgen run left no adapter" in steps
     assert "learning-portable-fastgen-two-step rc 0" in steps
