@@ -19,6 +19,7 @@ import typer
 
 from rlstack.core.errors import RlstackError
 from rlstack.payload import MAX_STEPS
+from rlstack.payload.data.sources import GENERATED
 
 DEFAULT_RECIPE = "gsm8k-grpo"
 
@@ -28,8 +29,8 @@ Recipe = Annotated[str | None, typer.Option(help="recipe file or name in recipes
                                                  "recipe)")]
 Overrides = Annotated[list[str] | None, typer.Option(
     "--set", metavar="KEY=VALUE", help="override a recipe field, KEY=VALUE, e.g. grpo.max_steps=10 (repeatable)")]
-Data = Annotated[str | None, typer.Option(help="problems: gsm8k, generated:N, generated-easy:N (one small step) or "
-                                               "a JSONL file")]
+Data = Annotated[str | None, typer.Option(help=f"problems: gsm8k, {', '.join(f'{k}:N' for k in GENERATED)} (the "
+                                               "levels: rlstack.payload.data.generator) or a JSONL file")]
 Model = Annotated[str | None, typer.Option(help="base model: a hub id, a local folder, 'tiny' (the recipe's tiny "
                                                 "model) or 'embedded:smollm2-135m' (a small pretrained model from "
                                                 "a pinned PyPI wheel)")]
