@@ -47,9 +47,9 @@ def _weights(extra: dict[str, Any], fp8: bool = False) -> str:
 
 
 def _problems(extra: dict[str, Any]) -> str:
-    """The held-out problems' level (the eval data spec without its count): one recipe runs at several levels."""
-    spec = str(((extra.get("recipe") or {}).get("eval") or {}).get("data") or "-")
-    return spec.rsplit(":", 1)[0] if spec.rsplit(":", 1)[-1].isdigit() else spec
+    """The held-out problems' level (the eval data spec without its count, split as data.sources splits it): one
+    recipe runs at several levels."""
+    return str(((extra.get("recipe") or {}).get("eval") or {}).get("data") or "-").partition(":")[0]
 
 
 def _p(value: object) -> str:

@@ -287,13 +287,10 @@ def requantize_notice(folder: str | Path) -> str | None:
     """The line a 4-bit load of an embedded model's folder prints (None for any other folder): its weights are a
     4-bit GGUF's, dequantized, and NF4 quantizes them a second time; a 135M model loses much of what it answers
     that way (the 4-bit and bf16 rows of the README's learning table), which reads as "GRPO does not learn"."""
-    stamp = Path(folder) / STAMP
-    if not stamp.is_file():
+    if not (Path(folder) / STAMP).is_file():
         return None
-    try:
-        name = json.loads(stamp.read_text()).get("name") or str(folder)
-    except (OSError, ValueError, AttributeError):
-        name = str(folder)
+    stamp = _read_stamp(Path(folder))
+    name = (stamp.get("name") if isinstance(stamp, dict) else None) or str(folder)
     return (f"rlstack: {name} comes from a 4-bit GGUF; loading it in 4-bit quantizes those weights a second time "
             "(NF4), and a model this small then answers far fewer problems: model.load_in_4bit = false loads it "
             "as stored")
@@ -308,19 +305,26 @@ def _stamp(model: EmbeddedModel, folder: Path) -> dict[str, Any]:
             "conversion": CONVERSION, "files": tree_hashes(folder, skip=STAMP)}
 
 
+def _read_stamp(folder: Path) -> Any:
+    """The folder's stamp as JSON (a dict when `ensure` wrote it); None when there is none readable."""
+    try:
+        return json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _current(folder: Path) -> bool:
     """Whether the (checked) cached folder was written by this conversion."""
-    stamp = json.loads((folder / STAMP).read_text())
+    stamp = _read_stamp(folder)
     return isinstance(stamp, dict) and stamp.get("conversion") == CONVERSION
 
 
 def check_cached(model: EmbeddedModel, folder: Path) -> None:
     """Refuse a cached folder whose files differ from the sha256 recorded when it was written."""
-    try:
-        stamp = json.loads((folder / STAMP).read_text())
-    except (OSError, ValueError) as exc:
-        raise EmbeddedModelError(f"{folder}: no readable {STAMP} ({exc})",
-                                 f"delete {folder}; the next run fetches and converts it again") from None
+    stamp = _read_stamp(folder)
+    if stamp is None:
+        raise EmbeddedModelError(f"{folder}: no readable {STAMP}",
+                                 f"delete {folder}; the next run fetches and converts it again")
     if not isinstance(stamp, dict) or stamp.get("gguf_sha256") != model.gguf_sha256:
         raise EmbeddedModelError(f"{folder}: built from another GGUF "
                                  f"({stamp.get('gguf_sha256') if isinstance(stamp, dict) else None})",

@@ -99,17 +99,25 @@ def driver_dir() -> Path | None:
     return None
 
 
+def load_spec(path: Path) -> dict[str, Any]:
+    """The run spec rootfs-export wrote (rlstack.host.rootfs.run_spec)."""
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RootfsError(f"{path}: unreadable run spec ({exc})", "carry the rootfs-spec.json rootfs-export wrote"
+                          ) from None
+    if not isinstance(spec, dict):
+        raise RootfsError(f"{path}: not a run spec (a JSON object)", "carry the rootfs-spec.json rootfs-export wrote")
+    return spec
+
+
 def check(manifest: Path, parts: list[Path], spec: Path | None = None) -> dict[str, Any]:
     """Whether everything `assemble` and `run` will read is here: the manifest, every export's parts (sha256 of
     each, all at once) and the spec. Seconds, so a job started in the background is refused at once, in the call
     that starts it, rather than in a log read a call later."""
     data = load_manifest(manifest)
     if spec is not None:
-        try:
-            json.loads(spec.read_text())
-        except (OSError, ValueError) as exc:
-            raise RootfsError(f"{spec}: unreadable run spec ({exc})", "carry the rootfs-spec.json rootfs-export wrote"
-                              ) from None
+        load_spec(spec)
     counts = [len(verify_parts(folder)["parts"]) for folder in parts]
     return {"image": data.get("image"), "exports": len(parts), "parts": sum(counts)}
 
@@ -332,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         binds = [(b.split(":", 1)[0], b.split(":", 1)[-1]) for b in args.bind]
         env = dict(e.split("=", 1) for e in args.env)
-        return run(args.root, json.loads(args.spec.read_text()), rest, args.volumes, binds, env, args.entrypoint)
+        return run(args.root, load_spec(args.spec), rest, args.volumes, binds, env, args.entrypoint)
     except NativeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
