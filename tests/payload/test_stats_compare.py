@@ -192,3 +192,15 @@ def test_rescore_binary_generations_is_a_clear_error(tmp_path: Path) -> None:
     p.write_text('{"id": "a", "generation": "x", "reference": "no number here"}\n')
     with pytest.raises(EvalError, match="holds no number"):
         scoring.rescore(p)
+
+
+@pytest.mark.parametrize("value", [{"a": None}, ["g.jsonl"], "../elsewhere.jsonl", "x" * 300])
+def test_compare_refuses_a_generations_field_that_is_no_file_name(tmp_path: Path, value: object) -> None:
+    """Found by test_fuzz_parsers: a dict there became a file name too long to stat, and the comparison ended in an
+    OSError traceback."""
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"per_question": {"x": True}}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"per_question": {"x": False}, "generations": value}))
+    with pytest.raises(EvalError, match="not the name of a file beside it"):
+        compare(a, b, iters=10)

@@ -34,8 +34,14 @@ def _outcomes(path: Path, data: dict[str, Any], key: str) -> dict[str, bool] | N
 
 
 def _generations(path: Path, data: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The raw generations saved beside a results.json, when they are there."""
-    gen = Path(path).with_name(str(data.get("generations") or "generations.jsonl"))
+    """The raw generations saved beside a results.json, when they are there. The results name them by a file name
+    (`rlstack eval` writes one); any other value is an EvalError, not a path to look up: a dict's text as a file
+    name is too long for the file system, a name with a slash leaves the folder."""
+    name = data.get("generations") or "generations.jsonl"
+    if not isinstance(name, str) or Path(name).name != name or len(name.encode()) > 255:
+        raise EvalError(f"{path}: generations is {json.dumps(name)[:80]}, not the name of a file beside it",
+                        "pass a results.json written by rlstack eval (it names its generations.jsonl)")
+    gen = Path(path).with_name(name)
     return read_generations(gen) if gen.is_file() else None
 
 
