@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -103,6 +104,21 @@ def label(stack: str, engine: str, when: datetime) -> str:
     day keep both)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{stack}-{engine}")
     return f"learning-{safe}-{when.strftime('%Y%m%d-%H%M')}"
+
+
+def claim(out: Path, name: str) -> str:
+    """NAME, or NAME-2, NAME-3, ...: the first whose evaluation folder under OUT this process creates. The image jobs
+    start several runs of one stack and engine within a minute (the harder level beside another run), which would
+    otherwise share one folder and one record, the later run overwriting the earlier's evaluations."""
+    out.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        candidate = name if i == 1 else f"{name}-{i}"
+        try:
+            (out / candidate).mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def curve(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -434,7 +450,7 @@ def train_and_pair(args: argparse.Namespace) -> int:
 
     engine = "vllm" if args.fp8 else args.engine
     when = datetime.now(UTC)
-    name = label(args.stack_name, engine, when)
+    name = claim(args.out, label(args.stack_name, engine, when))
     work = (args.work or Path("/tmp/rlstack-learning")) / name
     evals = args.out / name
     overrides = [*args.set, f"grpo.fast_generation={'false' if args.engine == 'own' else 'true'}"]
@@ -648,7 +664,7 @@ def handoff(args: argparse.Namespace) -> int:
             "pass the other stack's hand-off evaluation: <out>/learning-<stack>-handoff-*/eval/results.json",
         )
     when = datetime.now(UTC)
-    name = label(args.stack_name, f"handoff-{args.backend or 'hf'}", when)
+    name = claim(args.out, label(args.stack_name, f"handoff-{args.backend or 'hf'}", when))
     evals = args.out / name
     record = Record(
         args,

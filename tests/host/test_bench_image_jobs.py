@@ -88,3 +88,13 @@ def test_harder_runs_even_when_the_fastgen_run_left_no_adapter(tmp_path: Path) -
     assert not any("--adapter-from" in c for c in calls)
     assert "handoff skipped: the fastgen run left no adapter" in steps
     assert "learning-portable-fastgen-two-step rc 0" in steps
+
+
+def test_seed4bit_runs_the_4bit_fastgen_path_with_that_seed_beside_the_harder_run(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", SEED4BIT="3")
+    [run] = [c for c in calls if "model.load_in_4bit=true" in c]
+    assert "--engine fastgen" in run and "--set grpo.seed=3" in run and "kernel-cache-fastgen-4bit-seed3" in run
+    assert steps.index("handoff-fp8 rc 0") < steps.index("learning-portable-fastgen-4bit-seed3 rc 0")
+    assert steps[-1] == "end-portable"
+    calls, _ = run_job(tmp_path / "without", "portable_image", STEPS="learn", HARDER="1")
+    assert not any("load_in_4bit" in c for c in calls)

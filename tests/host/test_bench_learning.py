@@ -434,3 +434,9 @@ def test_a_tiny_run_on_the_cpu(learning: ModuleType, tmp_path: Path, monkeypatch
     assert row["path"].startswith("transformers, not fastgen: no CUDA device")
     assert got.extra["png"]["path"] and Path(got.extra["png"]["path"]).is_file()
     assert got.extra["base"]["config"]["model"] == got.extra["tuned"]["config"]["model"]
+
+
+def test_runs_started_in_one_minute_keep_their_own_folders(learning: ModuleType, tmp_path: Path) -> None:
+    name = learning.label("portable", "fastgen", learning.datetime(2026, 12, 6, 17, 31, 5))
+    got = [learning.claim(tmp_path, name) for _ in range(3)]
+    assert got == [name, f"{name}-2", f"{name}-3"] and all((tmp_path / g).is_dir() for g in got)
