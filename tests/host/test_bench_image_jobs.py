@@ -33,6 +33,8 @@ def run_job(tmp_path: Path, job: str, **env: str) -> tuple[list[str], list[str]]
     bin_dir, out, stash = tmp_path / "bin", tmp_path / "out", tmp_path / "stash"
     for d in (bin_dir, out, stash / "vol" / "rlstack-runs"):
         d.mkdir(parents=True, exist_ok=True)
+    if not env.pop("NO_FP8", ""):
+        (stash / "spec-fp8.json").write_text("{}")  # the fp8 image, assembled
     for name in ("fake_run", "run_in"):
         (bin_dir / name).write_text(FAKE)
         (bin_dir / name).chmod(0o755)
@@ -98,3 +100,9 @@ def test_seed4bit_runs_the_4bit_fastgen_path_with_that_seed_beside_the_harder_ru
     assert steps[-1] == "end-portable"
     calls, _ = run_job(tmp_path / "without", "portable_image", STEPS="learn", HARDER="1")
     assert not any("load_in_4bit" in c for c in calls)
+
+
+def test_the_hand_off_waits_for_the_fp8_image_and_skips_only_its_half_without_it(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", NO_FP8="1", FP8_WAIT="0")
+    assert "handoff-portable rc 0" in steps and "handoff-fp8 skipped: the fp8 image was not assembled" in steps
+    assert not any("--backend vllm" in c for c in calls) and steps[-1] == "end-portable"

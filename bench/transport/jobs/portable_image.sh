@@ -41,6 +41,10 @@ handoff() {  # the fastgen run's adapter in portable (transformers) and in the f
     > "$O/handoff-portable.log" 2>&1
   step "handoff-portable rc $?"; keep
   HF=$(cd "$RUNS/learning-out" && ls -d learning-portable-handoff-hf-*/eval/results.json | tail -1)
+  # the fp8 image may still be travelling or assembling when this job started first (`image_run.sh start fp8`
+  # writes its spec once the tree is whole): wait for it, FP8_WAIT tens of seconds at most
+  for _ in $(seq 1 "${FP8_WAIT:-90}"); do [ -f "$STASH/spec-fp8.json" ] && break; sleep 10; done
+  if [ ! -f "$STASH/spec-fp8.json" ]; then step "handoff-fp8 skipped: the fp8 image was not assembled"; return; fi
   run_in fp8 "${MODELS[@]}" --entrypoint python3 -- bench/learning.py --stack-name fp8 --adapter-from "$ADAPTER" \
     --backend vllm --unquantized --pair-with "/opt/rlstack/runs/learning-out/$HF" --work /opt/rlstack/runs/handoff \
     --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
