@@ -74,9 +74,11 @@ def test_no_adapter_skips_the_hand_off_and_still_waits_for_the_own_run(tmp_path:
     assert not any("--adapter-from" in c for c in calls)
 
 
-def test_harder_runs_the_fastgen_path_at_the_two_step_level_after_the_hand_off(tmp_path: Path) -> None:
+def test_harder_runs_the_fastgen_path_at_the_two_step_level_once_the_fastgen_run_ends(tmp_path: Path) -> None:
     calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", LEARN_STEPS="5")
-    assert steps.index("handoff-fp8 rc 0") < steps.index("learning-portable-fastgen-two-step rc 0")
+    first, harder = (next(i for i, c in enumerate(calls) if k in c) for k in ("--engine fastgen", "generated-two-step"))
+    assert first < harder < next(i for i, c in enumerate(calls) if "--adapter-from" in c)
+    assert steps.index("learning-portable-fastgen rc 0") < steps.index("learning-portable-fastgen-two-step rc 0")
     harder = [c for c in calls if "generated-two-step" in c]
     assert len(harder) == 1 and "--engine fastgen" in harder[0] and "--steps 5" in harder[0]
     assert "--set data.train=generated-two-step:4000 --set eval.data=generated-two-step:256" in harder[0]
@@ -96,8 +98,8 @@ def test_seed4bit_runs_the_4bit_fastgen_path_with_that_seed_beside_the_harder_ru
     calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", HARDER="1", SEED4BIT="3")
     [run] = [c for c in calls if "model.load_in_4bit=true" in c]
     assert "--engine fastgen" in run and "--set grpo.seed=3" in run and "kernel-cache-fastgen-4bit-seed3" in run
-    assert steps.index("handoff-fp8 rc 0") < steps.index("learning-portable-fastgen-4bit-seed3 rc 0")
-    assert steps[-1] == "end-portable"
+    assert calls.index(run) < next(i for i, c in enumerate(calls) if "--adapter-from" in c)
+    assert "learning-portable-fastgen-4bit-seed3 rc 0" in steps and steps[-1] == "end-portable"
     calls, _ = run_job(tmp_path / "without", "portable_image", STEPS="learn", HARDER="1")
     assert not any("load_in_4bit" in c for c in calls)
 

@@ -4,9 +4,10 @@
 # step times compare within this job, not with a run alone); once the fastgen run ends, the hand-off of its adapter,
 # evaluated on the bf16 base in portable with transformers and in the fp8 image with vLLM, paired, while the slower
 # own-generation run goes on. STEPS=learn: no probes; LEARN_STEPS=N: N GRPO steps instead of the recipe's.
-# HARDER=1: then the fastgen run again at the harder level (two-step problems, the held-out ones of the same level).
-# SEED4BIT=N: beside that, the fastgen run in 4-bit (QLoRA) with grpo.seed=N: whether 4-bit runs with fastgen and
-# with the own generation part by engine or by trajectory (the 4-bit base is right rarely, so its signal is sparse).
+# HARDER=1: once the fastgen run ends, the fastgen run again at the harder level (two-step problems, the held-out
+# ones of the same level), beside the hand-off. SEED4BIT=N: then also the fastgen run in 4-bit (QLoRA) with
+# grpo.seed=N: whether 4-bit runs with fastgen and with the own generation part by engine or by trajectory (the 4-bit
+# base is right rarely, so its signal is sparse). Runs beside each other share the GPU: their step times say so.
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
@@ -50,11 +51,11 @@ handoff() {  # the fastgen run's adapter in portable (transformers) and in the f
     --out /opt/rlstack/runs/learning-out > "$O/handoff-fp8.log" 2>&1
   step "handoff-fp8 rc $?"; keep
 }
-handoff
+if [ -n "${HARDER:-}" ]; then learn fastgen fastgen-two-step "${TWO_STEP[@]}" & sleep "$STAGGER"; fi
 if [ -n "${SEED4BIT:-}" ]; then
   learn fastgen "fastgen-4bit-seed$SEED4BIT" --set model.load_in_4bit=true --set "grpo.seed=$SEED4BIT" &
   sleep "$STAGGER"
 fi
-if [ -n "${HARDER:-}" ]; then learn fastgen fastgen-two-step "${TWO_STEP[@]}"; fi
+handoff
 wait
 step end-portable
