@@ -13,6 +13,7 @@ process and mark the record.
     python bench/learning.py --stack-name portable --adapter-from DIR --backend hf --unquantized    hand-off: one eval
     python bench/learning.py --stack-name fp8 --adapter-from DIR --backend vllm --unquantized --pair-with R.json
     python bench/learning.py --pair A/results.json B/results.json --stack-name portable     pair two evals, no model
+    python bench/learning.py --close RECORD.json --why "cut off: the GPU lease ended"   a record a dead process left
 
 Writes bench/results/learning-<stack>-<engine>-<date>.json (the one results schema, rlstack.core.results), the
 reward curve beside it as .png, and the evaluations (results.json, generations.jsonl) under
@@ -837,6 +838,13 @@ def parser() -> argparse.ArgumentParser:
         metavar=("A_RESULTS_JSON", "B_RESULTS_JSON"),
         help="pair two evaluations on disk (no model): accuracy, format, identical generations",
     )
+    ap.add_argument(
+        "--close",
+        type=Path,
+        metavar="RECORD_JSON",
+        help="give a record a dead process left at \"started\" its row (no model): what it measured, --why as status",
+    )
+    ap.add_argument("--why", default="cut off", help="with --close: why the run stopped (default: cut off)")
     ap.add_argument("--work", type=Path, help="runs and adapters (default /tmp/rlstack-learning/<record name>)")
     ap.add_argument(
         "--out",
@@ -847,12 +855,41 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def close_record(path: Path, why: str) -> int:
+    """A run's record left at "started" because its process died without its signal handler (the machine went
+    back, SIGKILL): the row it would have written then, from what the record holds (the base evaluation, the steps
+    of the curve), and WHY as its status. A record that has rows is left as it is."""
+    from rlstack.core import results
+    from rlstack.core.errors import RlstackError
+
+    got = results.read(path)
+    if got.rows:
+        raise RlstackError(f"{path}: the record has its rows already (status {got.extra.get('status')!r})",
+                           "close only a record a dead process left at \"started\"")
+    base = got.extra.get("base")
+    if not isinstance(base, dict):
+        raise RlstackError(f"{path}: the run stopped before its base evaluation: there is no row to make",
+                           "keep the record as it is, or delete it")
+    train = got.extra.get("train") or {}
+    rollouts = ROLLOUTS.get(got.ran.engine or "", got.ran.engine or "?")
+    status = f"{why} during {got.extra.get('phase')}"
+    got.extra["status"] = status
+    got.rows = [stopped_row(got.ran.stack or "?", f"{train.get('loader') or '?'}, {rollouts}: {status}, see status",
+                            int(train.get("steps_done") or 0), train.get("s_per_step"), base)]
+    got.headline = got.rows[0]
+    results.write(got, path.stem, path.parent)
+    print(f"learning: {path}: {status}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rlstack.core.errors import RlstackError
 
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if args.close:
+            return close_record(args.close, args.why)
         if args.pair:
             return pair_files(args)
         if args.adapter_from:

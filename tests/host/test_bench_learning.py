@@ -305,6 +305,26 @@ def test_a_killed_run_keeps_a_row_with_its_base_and_the_steps_it_made(
     assert row["path"].endswith("killed (SIGTERM) during train, see status")
 
 
+def test_a_record_a_dead_process_left_started_is_closed_with_what_it_measured(
+    learning: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_phases(learning, monkeypatch)
+    learning.main(["--stack-name", "portable", "--out", str(tmp_path), "--work", str(tmp_path / "w")])
+    path = next(tmp_path.glob("learning-portable-*.json"))
+    got = results.read(path)  # as the machine left it mid-training: no rows, status "started"
+    got.rows, got.headline = [], None
+    got.extra.update(status="started", phase="train", train={"loader": "unsloth", "steps_done": 7, "s_per_step": 1.5})
+    results.write(got, path.stem, tmp_path)
+    assert learning.main(["--close", str(path), "--why", "cut off: the lease ended"]) == 0
+    closed = results.read(path)
+    assert closed.extra["status"] == "cut off: the lease ended during train"
+    (row,) = closed.rows
+    assert (row["steps"], row["s_per_step"], row["base_correct"]) == (7, 1.5, got.extra["base"]["correct"])
+    assert row["tuned_correct"] is None and row["path"].startswith("unsloth, fastgen rollouts: cut off")
+    assert learning.main(["--close", str(path)]) != 0  # it has its row now: left as it is
+    assert results.read(path).extra["status"] == closed.extra["status"]
+
+
 def test_hand_off_evaluates_the_adapter_and_pairs_it_with_the_other_stack(
     learning: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
