@@ -38,8 +38,8 @@ import common
 from rlstack.core import results  # common puts src/ on the path
 
 NAME = "fastgen_fidelity"
-COLUMNS = ["device", "model", "dtype", "lora_r", "engine_mode", "greedy_equal_fraction", "greedy_rows_identical",
-           "greedy_rows", "first_divergence_median", "divergence_logit_gap_max",
+COLUMNS = ["device", "model", "dtype", "base", "lora_r", "engine_mode", "greedy_equal_fraction",
+           "greedy_rows_identical", "greedy_rows", "first_divergence_median", "divergence_logit_gap_max",
            "control_static_cache_equal_fraction", "control_static_compiled_equal_fraction", "kl_mean", "kl_p99",
            "kl_max", "control_generate_kl_mean", "abs_log_ratio_mean", "target_greedy_95", "versions"]
 NOTES = ("`bench/fastgen_fidelity.py`: fastgen against transformers' generate (greedy, every position) and "
@@ -49,9 +49,12 @@ NOTES = ("`bench/fastgen_fidelity.py`: fastgen against transformers' generate (g
          "is the last run's machine; each row names its own (`versions`).")
 
 
-def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int) -> tuple[Any, Any, str]:
+def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int, four_bit: bool = False
+         ) -> tuple[Any, Any, str]:
     """(PEFT model, tokenizer, folder): the base in `dtype` on `device`, LoRA on every projection with B drawn
-    N(0, 0.02) (zero-B would make the adapter a no-op and the test of the merge empty)."""
+    N(0, 0.02) (zero-B would make the adapter a no-op and the test of the merge empty). `four_bit`: the base in
+    NF4 with double quantization, computing in `dtype` (QLoRA as rlstack's loaders ask bitsandbytes for it), which
+    fastgen's shadow dequantizes once."""
     import peft
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,7 +64,22 @@ def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int) -> tu
     folder = str(embedded.ensure(model_name)) if embedded.is_embedded(model_name) else model_name
     tok = AutoTokenizer.from_pretrained(folder)
     tok.padding_side = "left"
-    base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+    if four_bit:
+        from transformers import BitsAndBytesConfig
+
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype=getattr(torch, dtype))
+        base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), quantization_config=quant,
+                                                    device_map={"": device}).eval()
+        # bitsandbytes 0.50 on a CPU with AVX512-BF16 repacks a 4-bit weight for its CPU kernel on the first
+        # eval-mode forward without grad (Linear4bit.forward), in place; fastgen's shadow, dequantizing that
+        # tensor on each refresh, then reads the repacked layout as NF4 and decodes another function.
+        # The training forward runs in train mode and never repacks, and no GPU repacks: measure that path.
+        for mod in base.modules():
+            if hasattr(mod, "support_avx512bf16_for_cpu"):
+                mod.support_avx512bf16_for_cpu = False
+    else:
+        base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
     if lora_r <= 0:
         return base, tok, folder
     model = peft.get_peft_model(base, peft.LoraConfig(
@@ -228,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lora-r", type=int, default=16, help="0: no adapter (the base alone)")
+    ap.add_argument("--load-in-4bit", action="store_true", help="the base in NF4 (QLoRA), computing in --dtype")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--seed", type=int, default=7)
@@ -240,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.perf_counter()
-    model, tok, folder = load(a.model, a.dtype, device, a.lora_r, a.seed)
+    model, tok, folder = load(a.model, a.dtype, device, a.lora_r, a.seed, a.load_in_4bit)
     texts = prompts(tok, a.n, seed=a.seed + 1000)
     print(f"fastgen_fidelity: {a.model} ({folder}) {a.dtype} on {device}, LoRA r={a.lora_r}, {a.n} prompts x "
           f"{a.new_tokens} tokens", file=sys.stderr, flush=True)
@@ -255,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # the file's header holds the last run's versions; rows from other machines keep their own here
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    row = {"device": device, "model": a.model, "dtype": a.dtype, "lora_r": a.lora_r,
+    # base: only a quantized one is named, so dense rows keep the key of the rows written before the column
+    row = {"device": device, "model": a.model, "dtype": a.dtype, **({"base": "nf4"} if a.load_in_4bit else {}),
+           "lora_r": a.lora_r,
            "versions": f"torch {torch.__version__}, transformers {transformers.__version__} on {where}",
            # fused=N: fuse_projections (the default since 2026-12-04) fused N GEMMs of a step away
            "engine_mode": " ".join([f"compile={engine.compile} graph={engine.graph}",
@@ -267,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
            **{k: (round(v, 6) + 0.0 if isinstance(v, float) else v) for k, v in s.items()},  # + 0.0: no "-0"
            "target_greedy_95": g["greedy_equal_fraction"] >= 0.95, "wall_s": round(time.perf_counter() - t0, 1),
            "command": "python bench/fastgen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    table = merge_rows(common.RESULTS / f"{NAME}.json", [row], ("device", "model", "dtype", "lora_r", "engine_mode"))
+    table = merge_rows(common.RESULTS / f"{NAME}.json", [row],
+                       ("device", "model", "dtype", "base", "lora_r", "engine_mode"))
     common.write_results(NAME, common.header(), table, COLUMNS, NOTES, question="fidelity", engine="fastgen",
                          title="fastgen against transformers' generate: greedy agreement, sampled KL")
     return 0
