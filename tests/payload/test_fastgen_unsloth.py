@@ -398,3 +398,16 @@ def test_reference_kernels_refuse_unsloths_patched_classes_and_fall_back_once(ti
     transformers', so fastgen refuses, saying so, and Unsloth's own generate serves."""
     failure = _falls_back_to_unsloths_generate(unsloth, tiny_folder, capsys, reference_kernels=True)
     assert "patched" in failure and "transformers' generate" in failure
+
+
+def test_a_4bit_weight_repacked_for_bitsandbytes_cpu_kernel_is_refused_not_decoded(tiny_folder) -> None:
+    """bitsandbytes repacks a 4-bit weight in place for its CPU kernel (an eval-mode forward without grad on a CPU
+    with AVX512-BF16); dequantized as NF4 that layout is another matrix, so fastgen says so instead of sampling
+    from another model. The flag is set by hand: whether the repack happens depends on the CPU."""
+    model = peft.get_peft_model(_load(tiny_folder, four_bit=True), peft.LoraConfig(r=4, target_modules=UNSLOTH_TARGETS))
+    layer = model.base_model.model.model.layers[0].mlp.up_proj.base_layer
+    layer.weight.quant_state.packing_format_for_cpu = True
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(fastgen.FastgenError, match="repacked a 4-bit weight"):
+        fastgen.FastGenerator(model, compile=False).generate(ids, torch.ones_like(ids), 2,
+                                                             fastgen.Sampling(do_sample=False, pad_token_id=0))

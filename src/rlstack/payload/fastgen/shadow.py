@@ -346,6 +346,13 @@ def _dense_weight(base: Any) -> Any:
     if cls == "Params4bit":
         import bitsandbytes.functional as bnbf
 
+        if getattr(weight.quant_state, "packing_format_for_cpu", False):
+            # bitsandbytes (0.50) repacks a 4-bit weight in place for its CPU kernel on the first eval-mode forward
+            # without grad on a CPU with AVX512-BF16; dequantize_4bit reads that layout as NF4 all the same and
+            # returns another matrix, and bitsandbytes' own inverse rewrites the layer's quant_state in place
+            raise FastgenError("fastgen: bitsandbytes repacked a 4-bit weight for its CPU kernel (an eval-mode "
+                               "forward without grad); its layout is no longer NF4, and dequantized it would "
+                               "decode another model", "grpo.fast_generation=false")
         return bnbf.dequantize_4bit(weight.data, weight.quant_state)
     if cls == "Int8Params":
         from peft.utils.integrations import dequantize_bnb_weight
