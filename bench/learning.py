@@ -233,13 +233,15 @@ def learning_row(
     }
 
 
-def stopped_row(stack: str, path: str, steps: int, s_per_step: float | None, base: dict[str, Any]) -> dict[str, Any]:
+def stopped_row(
+    stack: str, loader: str | None, rollouts: str, why: str, steps: int, s_per_step: float | None, base: dict[str, Any]
+) -> dict[str, Any]:
     """The row of a run whose training stopped: the base it measured, every other column empty (the status says
     why)."""
     return {
         **dict.fromkeys(COLUMNS),
         "stack": stack,
-        "path": path,
+        "path": f"{loader or '?'}, {rollouts}: {why}, see status",
         "steps": steps,
         "s_per_step": s_per_step,
         "n": base.get("n"),
@@ -525,7 +527,9 @@ def train_and_pair(args: argparse.Namespace) -> int:
         return [
             stopped_row(
                 args.stack_name,
-                f"{said.get('loader') or '?'}, {rollouts}: {why}, see status",
+                said.get("loader"),
+                rollouts,
+                why,
                 len(done),
                 median_step_s(done),
                 record.extra["base"],
@@ -874,7 +878,7 @@ def close_record(path: Path, why: str) -> int:
     rollouts = ROLLOUTS.get(got.ran.engine or "", got.ran.engine or "?")
     status = f"{why} during {got.extra.get('phase')}"
     got.extra["status"] = status
-    got.rows = [stopped_row(got.ran.stack or "?", f"{train.get('loader') or '?'}, {rollouts}: {status}, see status",
+    got.rows = [stopped_row(got.ran.stack or "?", train.get("loader"), rollouts, status,
                             int(train.get("steps_done") or 0), train.get("s_per_step"), base)]
     got.headline = got.rows[0]
     results.write(got, path.stem, path.parent)
