@@ -107,15 +107,19 @@ def label(stack: str, engine: str, when: datetime) -> str:
     return f"learning-{safe}-{when.strftime('%Y%m%d-%H%M')}"
 
 
-def claim(out: Path, name: str) -> str:
-    """NAME, or NAME-2, NAME-3, ...: the first whose evaluation folder under OUT this process creates. The image jobs
-    start several runs of one stack and engine within a minute (the harder level beside another run), which would
-    otherwise share one folder and one record, the later run overwriting the earlier's evaluations."""
+def claim(out: Path, name: str, record_only: bool = False) -> str:
+    """NAME, or NAME-2, NAME-3, ...: the first whose evaluation folder under OUT this process creates (with
+    record_only, a record with no folder: the first whose NAME.json it creates). The image jobs start several runs of
+    one stack and engine within a minute (the harder level beside another run), and one lease pairs several runs in
+    a minute; without this they would share one folder or record, the later overwriting the earlier's."""
     out.mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
         candidate = name if i == 1 else f"{name}-{i}"
         try:
-            (out / candidate).mkdir()
+            if record_only:
+                (out / f"{candidate}.json").open("x").close()  # Record.write replaces it whole
+            else:
+                (out / candidate).mkdir()
         except FileExistsError:
             continue
         return candidate
@@ -771,7 +775,7 @@ def pair_files(args: argparse.Namespace) -> int:
     """Two evaluations already on disk, paired (no model, no GPU): the fastgen vs own-generation pair of two runs'
     tuned evaluations, or a hand-off pair brought back from two stacks."""
     a, b = (Path(p) for p in args.pair)
-    name = label(args.stack_name, "pair", datetime.now(UTC))
+    name = claim(args.out, label(args.stack_name, "pair", datetime.now(UTC)), record_only=True)
     record = Record(args, name, args.out, None, f"paired: {a.parent.name} vs {b.parent.name}", list(PAIR_COLUMNS))
     c = pair(a, b)
     engines = [str((json.loads(p.read_text()).get("config") or {}).get("engine", p.parent.name)) for p in (a, b)]

@@ -108,3 +108,18 @@ def test_the_hand_off_waits_for_the_fp8_image_and_skips_only_its_half_without_it
     calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", NO_FP8="1", FP8_WAIT="0")
     assert "handoff-portable rc 0" in steps and "handoff-fp8 skipped: the fp8 image was not assembled" in steps
     assert not any("--backend vllm" in c for c in calls) and steps[-1] == "end-portable"
+
+
+def test_seeds_run_both_engines_at_each_seed_from_the_start(tmp_path: Path) -> None:
+    calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", SEEDS="1 2", LEARN_STEPS="5")
+    seeded = [c for c in calls if "grpo.seed=" in c]
+    assert len(seeded) == 4 and all("--steps 5" in c and "load_in_4bit" not in c for c in seeded)
+    for seed in (1, 2):
+        for engine in ("own", "fastgen"):
+            [run] = [c for c in seeded if f"--set grpo.seed={seed}" in c and f"--engine {engine} " in c]
+            assert f"kernel-cache-{engine}-seed{seed}" in run and f"learning-portable-{engine}-seed{seed} " in run
+            assert f"learning-portable-{engine}-seed{seed} rc 0" in steps
+    first_seed0_fastgen = next(i for i, c in enumerate(calls) if "--engine fastgen" in c and "grpo.seed" not in c)
+    assert all(calls.index(c) < first_seed0_fastgen for c in seeded) and steps[-1] == "end-portable"
+    calls, _ = run_job(tmp_path / "without", "portable_image", STEPS="learn")
+    assert not any("grpo.seed" in c for c in calls)

@@ -91,6 +91,16 @@ def test_pair_files_writes_a_valid_results_file(learning: ModuleType, tmp_path: 
     assert got.extra["compare"]["n"] == 3
 
 
+def test_two_pairs_in_one_minute_keep_two_records(learning: ModuleType, tmp_path: Path) -> None:
+    a = _eval_folder(tmp_path / "fastgen", [True, False, True], [True] * 3, ["a", "b", "c"])
+    b = _eval_folder(tmp_path / "own", [True, True, True], [True] * 3, ["a", "x", "c"])
+    for x, y in ((a, b), (b, a)):
+        assert learning.main(["--pair", str(x), str(y), "--stack-name", "portable", "--out", str(tmp_path / "o")]) == 0
+    got = list((tmp_path / "o").glob("learning-portable-pair-*.json"))
+    assert sorted(results.read(g).rows[0]["a_correct"] for g in got) == [2, 3]
+    assert not [d for d in (tmp_path / "o").iterdir() if d.is_dir()]  # a pair's record has no folder
+
+
 def test_pairing_two_runs_overlays_their_reward_curves(learning: ModuleType, tmp_path: Path) -> None:
     evals = []
     for run, rewards in (

@@ -7,7 +7,9 @@
 # HARDER=1: once the fastgen run ends, the fastgen run again at the harder level (two-step problems, the held-out
 # ones of the same level), beside the hand-off. SEED4BIT=N: then also the fastgen run in 4-bit (QLoRA) with
 # grpo.seed=N: whether 4-bit runs with fastgen and with the own generation part by engine or by trajectory (the 4-bit
-# base is right rarely, so its signal is sparse). Runs beside each other share the GPU: their step times say so.
+# base is right rarely, so its signal is sparse). SEEDS="1 2": from the start, also the bf16 own-generation and
+# fastgen runs with each of these grpo.seed values: whether the two engines' tuned accuracies part by more than one
+# engine's seeds part from each other. Runs beside each other share the GPU: their step times say so.
 # $RUN, run_in, $O and $STASH come from image_run.sh; the fp8 image's tree was assembled by `image_run.sh assemble fp8`.
 MODELS=(--bind "$STASH/fidelity/models:/models" --env RLSTACK_MODEL_CACHE=/models --env HF_HUB_OFFLINE=1
         --env TRANSFORMERS_OFFLINE=1)
@@ -31,6 +33,9 @@ probe() {  # beside the learning runs: the probes check what runs, not how fast 
 }
 STAGGER=${STAGGER:-20}  # seconds between the starts: each process loads and compiles before the next one does
 learn own & sleep "$STAGGER"
+for seed in ${SEEDS:-}; do
+  for engine in own fastgen; do learn "$engine" "$engine-seed$seed" --set "grpo.seed=$seed" & sleep "$STAGGER"; done
+done
 if [ "${STEPS:-all}" = all ]; then probe & sleep "$STAGGER"; fi
 learn fastgen
 handoff() {  # the fastgen run's adapter in portable (transformers) and in the fp8 image (vLLM), paired
