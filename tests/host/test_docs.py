@@ -137,20 +137,23 @@ def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: P
 
     record("learning-done", [{"stack": "portable", "path": "unsloth, fastgen", "steps": 80, "s_per_step": 0.5,
                               "n": 256, "base_correct": 31, "tuned_correct": 200, "p": 1e-9}],
-           {"status": "done", "recipe": {"eval": {"data": "generated-two-step:256"}}})
+           {"status": "done", "recipe": {"eval": {"data": "generated-two-step:256"}, "grpo": {"seed": 0}}})
+    record("learning-seed2", [{"stack": "portable", "path": "unsloth, fastgen", "steps": 80, "n": 256,
+                               "base_correct": 31, "tuned_correct": 190, "p": 1e-8}],
+           {"status": "done", "recipe": {"grpo": {"seed": 2}}})
     record("learning-failed", [], {"status": "failed in train (rc 1)", "base": {"n": 256, "correct": 31},
                                    "train": {"loader": "unsloth", "log_tail": [
                                        "torch._inductor.exc.InductorError: ModuleNotFoundError: No module named "
                                        "'setuptools'"]}})
     (tmp_path / "learning-done.png").write_bytes(b"png")
     table = docs_learning.learning_rows(tmp_path)
-    assert [str(r[-1]) for r in table][:2] == ["[learning-done.json](bench/results/learning-done.json)",
-                                               "[learning-failed.json](bench/results/learning-failed.json)"]
+    assert [str(r[-1]) for r in table][2] == "[learning-failed.json](bench/results/learning-failed.json)"
     rows = {str(r[-1]): r for r in table}
     done = rows["[learning-done.json](bench/results/learning-done.json)"]
     assert done[:8] == ["portable", "unsloth, fastgen", "bf16", "generated-two-step", 80, 0.5, "31/256 -> 200/256",
                         "1e-09"]
     assert done[8] == "done" and done[10] == "[png](bench/results/learning-done.png)"
+    assert rows["[learning-seed2.json](bench/results/learning-seed2.json)"][1] == "unsloth, fastgen, seed 2"
     failed = rows["[learning-failed.json](bench/results/learning-failed.json)"]
     assert failed[1] == "unsloth, own rollouts" and failed[3] == "-" and failed[6] == "31/256 -> -/256"
     assert failed[10] == "-" and failed[8] == "failed in train (rc 1): torch-compile-no-setuptools"
