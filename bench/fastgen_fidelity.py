@@ -67,17 +67,13 @@ def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int, four_
     if four_bit:
         from transformers import BitsAndBytesConfig
 
+        from rlstack.payload.fastgen import shadow
+
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                    bnb_4bit_compute_dtype=getattr(torch, dtype))
         base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), quantization_config=quant,
                                                     device_map={"": device}).eval()
-        # bitsandbytes 0.50 on a CPU with AVX512-BF16 repacks a 4-bit weight for its CPU kernel on the first
-        # eval-mode forward without grad (Linear4bit.forward), in place; fastgen's shadow, dequantizing that
-        # tensor on each refresh, then reads the repacked layout as NF4 and decodes another function.
-        # The training forward runs in train mode and never repacks, and no GPU repacks: measure that path.
-        for mod in base.modules():
-            if hasattr(mod, "support_avx512bf16_for_cpu"):
-                mod.support_avx512bf16_for_cpu = False
+        shadow.keep_nf4_on_cpu(base)  # the path the training forward and a GPU take
     else:
         base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
     if lora_r <= 0:

@@ -38,6 +38,7 @@ peft = pytest.importorskip("peft")
 from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 
 from rlstack.payload import fastgen  # noqa: E402
+from rlstack.payload.fastgen import shadow  # noqa: E402
 
 UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PATCHED_CLASSES = (modeling_qwen3.Qwen3ForCausalLM, modeling_qwen3.Qwen3Model, modeling_qwen3.Qwen3DecoderLayer,
@@ -66,15 +67,9 @@ def _load(folder, four_bit: bool):
             bnb_4bit_compute_dtype=torch.float32))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if four_bit:
-        # bitsandbytes 0.50 (portable's lock) on a CPU with AVX512-BF16 repacks a 4-bit weight the first time
-        # it runs in eval mode without grad and from then on computes in bf16 whatever compute_dtype says
-        # (nn/modules.py Linear4bit.forward; backends/cpu/ops.py: "cpu fused op only support bf16"). The float32
-        # reference would then be a bf16 one on some CPUs and not others (this test failed on an AMX host and
-        # passed in CI). The training forward never takes that path (it runs in train mode), and it is the one
-        # fastgen must match.
-        for mod in model.modules():
-            if hasattr(mod, "support_avx512bf16_for_cpu"):
-                mod.support_avx512bf16_for_cpu = False
+        # the float32 reference would otherwise be a bf16 one on some CPUs and not others (this test failed on an
+        # AMX host and passed in CI)
+        shadow.keep_nf4_on_cpu(model)
     return model
 
 

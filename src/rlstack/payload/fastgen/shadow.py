@@ -339,6 +339,17 @@ def _dense_into(base: Any, buf: Any) -> None:
     buf.copy_(_dense_weight(base).reshape(buf.shape).to(buf.dtype))
 
 
+def keep_nf4_on_cpu(model: Any) -> Any:
+    """MODEL with bitsandbytes' CPU repack of its 4-bit weights turned off, returned: the layout _dense_weight
+    refuses. bitsandbytes 0.50 repacks a 4-bit weight in place on the first eval-mode forward without grad on a CPU
+    with AVX512-BF16 and from then on computes in bf16 whatever compute_dtype says; the training forward (train
+    mode) and every GPU never do, so a CPU model that fastgen shadows, or that a test compares with, must not."""
+    for mod in model.modules():
+        if hasattr(mod, "support_avx512bf16_for_cpu"):
+            mod.support_avx512bf16_for_cpu = False
+    return model
+
+
 def _dense_weight(base: Any) -> Any:
     """The base layer's weight as a dense tensor (dequantizing bitsandbytes 4-bit / 8-bit weights)."""
     weight = base.weight
