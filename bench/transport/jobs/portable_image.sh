@@ -23,7 +23,7 @@ learn() {  # ENGINE [NAME [--set K=V...]]; each run its own kernel cache (Unslot
     "$@" --work "/opt/rlstack/runs/learning-portable-$name" --out /opt/rlstack/runs/learning-out > "$O/learning-portable-$name.log" 2>&1
   step "learning-portable-$name rc $?"; keep
 }
-# the harder level: what recipes/smollm2-gpu.toml names as its second level
+# the harder level of recipes/smollm2-gpu.toml (its header points here): two-step problems, held out at that level
 TWO_STEP=(--set data.train=generated-two-step:4000 --set eval.data=generated-two-step:256)
 step start-portable
 probe() {  # beside the learning runs: the probes check what runs, not how fast (no vLLM in portable)
