@@ -154,6 +154,9 @@ def test_learning_table_shows_a_finished_run_and_why_another_stopped(tmp_path: P
                         "1e-09"]
     assert done[8] == "done" and done[10] == "[png](bench/results/learning-done.png)"
     assert rows["[learning-seed2.json](bench/results/learning-seed2.json)"][1] == "unsloth, fastgen, seed 2"
+    assert docs_learning._with_seed("unsloth, fastgen rollouts: killed (SIGTERM) during train, see status",
+                                    {"recipe": {"grpo": {"seed": 2}}}) == \
+        "unsloth, fastgen rollouts, seed 2: killed (SIGTERM) during train, see status"
     failed = rows["[learning-failed.json](bench/results/learning-failed.json)"]
     assert failed[1] == "unsloth, own rollouts" and failed[3] == "-" and failed[6] == "31/256 -> -/256"
     assert failed[10] == "-" and failed[8] == "failed in train (rc 1): torch-compile-no-setuptools"

@@ -52,11 +52,15 @@ def _problems(extra: dict[str, Any]) -> str:
     return str(((extra.get("recipe") or {}).get("eval") or {}).get("data") or "-").partition(":")[0]
 
 
-def _seed(extra: dict[str, Any]) -> str:
-    """', seed N' for a run whose recipe set grpo.seed to other than 0: runs of one path at several seeds are how the
-    table tells an engine's effect from a trajectory's."""
+def _with_seed(path_text: str, extra: dict[str, Any]) -> str:
+    """The path, with ', seed N' after the loader and rollouts (before a stopped run's reason) where the recipe set
+    grpo.seed to other than 0: runs of one path at several seeds are how the table tells an engine's effect from a
+    trajectory's."""
     seed = ((extra.get("recipe") or {}).get("grpo") or {}).get("seed")
-    return f", seed {seed}" if seed not in (None, 0) else ""
+    if seed in (None, 0):
+        return path_text
+    path, sep, why = path_text.partition(": ")
+    return f"{path}, seed {seed}{sep}{why}"
 
 
 def _p(value: object) -> str:
@@ -79,7 +83,7 @@ def learning_rows(folder: Path | None = None) -> list[list[object]]:
             path_text = row.get("path") or ", ".join(str(x) for x in (train.get("loader"), rollouts) if x)
             png = path.with_suffix(".png")
             rows.append((extra.get("status") == "done", r.date, [
-                row.get("stack", r.ran.stack), (path_text or "-") + _seed(extra),
+                row.get("stack", r.ran.stack), _with_seed(path_text or "-", extra),
                 _weights(extra, bool(r.ran.options.get("fp8"))),
                 _problems(extra), row.get("steps", train.get("steps_done", 0)), row.get("s_per_step") or "-",
                 f"{row.get('base_correct', base.get('correct'))}/{n} -> {tuned if tuned is not None else '-'}/{n}",
