@@ -62,3 +62,27 @@ def test_a_call_carries_at_most_the_tools_path_count(load_bench: Callable[[str],
     calls = plan_calls.plan(exports, [], budget=10_000)
     assert all(len(c["carry"]) <= plan_calls.MAX_PATHS for c in calls)
     assert sum(len(c["carry"]) for c in calls) == 6 * 2 + 2 and len(calls) == 2
+
+
+def test_the_tree_is_what_git_carries_at_its_size_on_disk(
+        load_bench: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    """Tracked and untracked-not-ignored files count, in whole blocks; ignored ones and a tracked file deleted from
+    the tree do not."""
+    import subprocess
+
+    plan_calls = load_bench("transport/plan_calls")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("/.stage/\n")
+    (tmp_path / "tracked").write_bytes(b"t" * 10_000)
+    (tmp_path / "gone").write_bytes(b"g" * 50_000)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    (tmp_path / "gone").unlink()
+    (tmp_path / "new").write_bytes(b"n" * 3_000)
+    (tmp_path / ".stage").mkdir()
+    (tmp_path / ".stage" / "part-000").write_bytes(b"p" * 500_000)
+    got = plan_calls.tree_bytes(tmp_path)
+    files = [tmp_path / n for n in (".gitignore", "tracked", "new")]
+    assert got == sum(max(f.stat().st_size, f.stat().st_blocks * 512) for f in files)
+    assert sum(f.stat().st_size for f in files) <= got < 50_000
