@@ -110,7 +110,7 @@ def test_the_hand_off_waits_for_the_fp8_image_and_skips_only_its_half_without_it
     assert not any("--backend vllm" in c for c in calls) and steps[-1] == "end-portable"
 
 
-def test_seeds_run_both_engines_at_each_seed_from_the_start(tmp_path: Path) -> None:
+def test_seeds_run_both_engines_at_each_seed_and_the_job_waits_for_them(tmp_path: Path) -> None:
     calls, steps = run_job(tmp_path, "portable_image", STEPS="learn", SEEDS="1 2", LEARN_STEPS="5")
     seeded = [c for c in calls if "grpo.seed=" in c]
     assert len(seeded) == 4 and all("--steps 5" in c and "load_in_4bit" not in c for c in seeded)
@@ -119,7 +119,6 @@ def test_seeds_run_both_engines_at_each_seed_from_the_start(tmp_path: Path) -> N
             [run] = [c for c in seeded if f"--set grpo.seed={seed}" in c and f"--engine {engine} " in c]
             assert f"kernel-cache-{engine}-seed{seed}" in run and f"learning-portable-{engine}-seed{seed} " in run
             assert f"learning-portable-{engine}-seed{seed} rc 0" in steps
-    first_seed0_fastgen = next(i for i, c in enumerate(calls) if "--engine fastgen" in c and "grpo.seed" not in c)
-    assert all(calls.index(c) < first_seed0_fastgen for c in seeded) and steps[-1] == "end-portable"
+    assert steps[-1] == "end-portable"  # waited for: each seeded run's step is logged before the job ends
     calls, _ = run_job(tmp_path / "without", "portable_image", STEPS="learn")
     assert not any("grpo.seed" in c for c in calls)
