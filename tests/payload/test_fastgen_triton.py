@@ -19,13 +19,15 @@ from rlstack.payload import fastgen  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.slow  # ~40 s: every kernel call runs in Python
+@pytest.mark.slow  # every kernel call runs in Python
 def test_the_kernel_and_the_engine_in_tritons_interpreter() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # the timeout only guards against a hang: the interpreted module's time scales with the CPU's single-thread
+    # speed, and on a slower CI machine it ran past a 600 s guard while every test in it passed
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "",
                            str(HERE / "triton_interpreted.py")], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=HERE.parents[1])
+                          timeout=2400, cwd=HERE.parents[1])
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
