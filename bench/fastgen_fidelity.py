@@ -65,12 +65,10 @@ def load(model_name: str, dtype: str, device: str, lora_r: int, seed: int, four_
     tok = AutoTokenizer.from_pretrained(folder)
     tok.padding_side = "left"
     if four_bit:
-        from transformers import BitsAndBytesConfig
-
         from rlstack.payload.fastgen import shadow
+        from rlstack.payload.train.loading import nf4_config
 
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                   bnb_4bit_compute_dtype=getattr(torch, dtype))
+        quant = nf4_config(getattr(torch, dtype))
         base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), quantization_config=quant,
                                                     device_map={"": device}).eval()
         shadow.keep_nf4_on_cpu(base)  # the path the training forward and a GPU take

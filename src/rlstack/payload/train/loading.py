@@ -254,6 +254,15 @@ def _say_if_requantized(target: str, four_bit: bool) -> None:
         print(notice, file=sys.stderr, flush=True)
 
 
+def nf4_config(compute_dtype: Any) -> Any:
+    """QLoRA's base as rlstack asks bitsandbytes for it (NF4, double quantization, computing in COMPUTE_DTYPE): one
+    definition for the transformers loader and the benches that load the same base."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute_dtype)
+
+
 def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str, str]:
     """(model, tokenizer, loader name, device): plain transformers, 4-bit NF4 when asked for on a GPU."""
     import torch
@@ -266,12 +275,7 @@ def load_base_transformers(target: str, spec: ModelSpec) -> tuple[Any, Any, str,
         if not has("bitsandbytes"):
             raise ModelLoadError("load_in_4bit needs bitsandbytes, which is not installed in this stack",
                                  "use a stack with bitsandbytes, or --set model.load_in_4bit=false")
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=kwargs["dtype"],
-        )
+        kwargs["quantization_config"] = nf4_config(kwargs["dtype"])
         loader = "transformers+bnb4"
         _say_if_requantized(target, True)
     elif spec.load_in_4bit:
